@@ -1,0 +1,343 @@
+"""Async client for one vLLM OpenAI-compatible server (httpx; one connection pool per server).
+
+Retries: only where a retry is safe. GETs and /tokenize are idempotent and retried on connect
+errors and 502/503/504; generation requests are retried only when the connection was refused
+(the server never saw them), never after a 5xx, so a crash is reported, not hidden.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import orjson
+
+from kvprobe.errors import AuthError, ServerError, Unreachable
+
+_RETRY_STATUS = {502, 503, 504}
+
+
+@dataclass
+class Chunk:
+    """One streamed event: monotonic arrival time and what it carried."""
+
+    t: float
+    reasoning: str = ""
+    content: str = ""
+
+
+@dataclass
+class Generation:
+    """A finished (or failed) chat or completion, streamed or not."""
+
+    content: str = ""
+    reasoning: str = ""
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    t_start: float = 0.0
+    t_end: float = 0.0
+    chunks: list[Chunk] = field(default_factory=list)
+    complete: bool = False  # the server said it was done ([DONE] or a full response)
+    error: str | None = None
+    status: int | None = None
+    system_fingerprint: str | None = None
+    raw: dict[str, Any] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.complete
+
+    @property
+    def ttft(self) -> float | None:
+        """Seconds to the first token of reasoning or content."""
+        first = next((c.t for c in self.chunks if c.reasoning or c.content), None)
+        return None if first is None else first - self.t_start
+
+    @property
+    def itl(self) -> list[float]:
+        times = [c.t for c in self.chunks if c.reasoning or c.content]
+        return [b - a for a, b in itertools.pairwise(times)]
+
+    @property
+    def e2e(self) -> float:
+        return self.t_end - self.t_start
+
+    @property
+    def text(self) -> str:
+        return self.reasoning + self.content
+
+
+def _reasoning_of(obj: dict[str, Any]) -> str:
+    # vLLM >= 0.17 sends `reasoning`; older servers and some proxies send `reasoning_content`.
+    return obj.get("reasoning") or obj.get("reasoning_content") or ""
+
+
+def _error_text(resp: httpx.Response) -> str:
+    try:
+        body = resp.json()
+    except ValueError:
+        return resp.text.strip()[:500] or resp.reason_phrase
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        if isinstance(err, dict):
+            return str(err.get("message") or err)[:500]
+        return str(err)[:500]
+    return str(body)[:500]
+
+
+class Client:
+    """One server's connection pool and every endpoint kvprobe uses."""
+
+    def __init__(
+        self,
+        name: str,
+        url: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 600.0,
+        headers: dict[str, str] | None = None,
+        max_connections: int = 512,
+        transport: httpx.AsyncBaseTransport | None = None,
+        retries: int = 3,
+        backoff_s: float = 0.5,
+    ):
+        self.name = name
+        self.url = url.rstrip("/").removesuffix("/v1")
+        self.retries = retries
+        self.backoff_s = backoff_s
+        hdrs = dict(headers or {})
+        if api_key:
+            hdrs["Authorization"] = f"Bearer {api_key}"
+        self._http = httpx.AsyncClient(
+            base_url=self.url,
+            headers=hdrs,
+            timeout=httpx.Timeout(timeout_s, connect=10.0),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            transport=transport,
+        )
+        self.model: str | None = None
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _fail(self, resp: httpx.Response, path: str) -> ServerError:
+        text = _error_text(resp)
+        if resp.status_code in (401, 403):
+            return AuthError(self.name, f"{text or 'unauthorized'}: check the API key (api_key_env)",
+                             status=resp.status_code, path=path)
+        return ServerError(self.name, text, status=resp.status_code, path=path)
+
+    def _unreachable(self, exc: Exception, path: str) -> Unreachable:
+        kind = type(exc).__name__
+        detail = str(exc) or kind
+        if isinstance(exc, httpx.TimeoutException):
+            detail = f"timed out ({kind})"
+        return Unreachable(self.name, f"cannot reach {self.url}{path}: {detail}", path=path)
+
+    async def _request(self, method: str, path: str, *, idempotent: bool, **kw: Any) -> httpx.Response:
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                resp = await self._http.request(method, path, **kw)
+            except httpx.ConnectError as exc:
+                # Refused before sending: safe to retry whatever the method.
+                if attempt < self.retries:
+                    await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
+                    continue
+                raise self._unreachable(exc, path) from None
+            except httpx.TransportError as exc:
+                if idempotent and attempt < self.retries:
+                    await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
+                    continue
+                raise self._unreachable(exc, path) from None
+            if resp.status_code in _RETRY_STATUS and idempotent and attempt < self.retries:
+                await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
+                continue
+            if resp.status_code >= 400:
+                raise self._fail(resp, path)
+            return resp
+
+    async def _get_json(self, path: str) -> Any:
+        resp = await self._request("GET", path, idempotent=True)
+        try:
+            return resp.json()
+        except ValueError:
+            raise ServerError(self.name, f"not JSON: {resp.text[:200]!r}", path=path) from None
+
+    async def _post_json(self, path: str, body: dict[str, Any], *, idempotent: bool) -> Any:
+        resp = await self._request("POST", path, idempotent=idempotent, content=orjson.dumps(body),
+                                   headers={"content-type": "application/json"})
+        try:
+            return resp.json()
+        except ValueError:
+            raise ServerError(self.name, f"not JSON: {resp.text[:200]!r}", path=path) from None
+
+    # -- introspection ----------------------------------------------------------------------
+
+    async def health(self) -> bool:
+        await self._request("GET", "/health", idempotent=True)
+        return True
+
+    async def version(self) -> str | None:
+        try:
+            return (await self._get_json("/version")).get("version")
+        except ServerError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def models(self) -> list[dict[str, Any]]:
+        data = (await self._get_json("/v1/models")).get("data") or []
+        if data and self.model is None:
+            self.model = data[0]["id"]
+        return data
+
+    async def metrics_text(self) -> str:
+        return (await self._request("GET", "/metrics", idempotent=True)).text
+
+    async def tokenize(
+        self,
+        *,
+        prompt: str | None = None,
+        messages: list[dict[str, Any]] | None = None,
+        add_special_tokens: bool | None = None,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int]:
+        """Token ids of a prompt, or of chat messages after the server's chat template."""
+        if (prompt is None) == (messages is None):
+            raise ValueError("give exactly one of prompt= or messages=")
+        body: dict[str, Any] = {"model": self.model} if self.model else {}
+        if prompt is not None:
+            body |= {"prompt": prompt, "add_special_tokens": True if add_special_tokens is None else add_special_tokens}
+        else:
+            body |= {"messages": messages, "add_generation_prompt": add_generation_prompt,
+                     "add_special_tokens": bool(add_special_tokens)}
+            if chat_template_kwargs:
+                body["chat_template_kwargs"] = chat_template_kwargs
+        return (await self._post_json("/tokenize", body, idempotent=True))["tokens"]
+
+    async def detokenize(self, tokens: list[int]) -> str:
+        body: dict[str, Any] = {"tokens": tokens} | ({"model": self.model} if self.model else {})
+        return (await self._post_json("/detokenize", body, idempotent=True))["prompt"]
+
+    async def reset_prefix_cache(self) -> bool:
+        """True when the server reset its prefix cache; False when it does not offer the endpoint."""
+        try:
+            await self._request("POST", "/reset_prefix_cache", idempotent=True)
+        except ServerError as exc:
+            if exc.status in (404, 405):
+                return False
+            raise
+        return True
+
+    # -- generation -------------------------------------------------------------------------
+
+    def _with_model(self, body: dict[str, Any]) -> dict[str, Any]:
+        return body if "model" in body or not self.model else {"model": self.model, **body}
+
+    async def completions(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Raw /v1/completions JSON (non-streaming); raises ServerError on failure."""
+        return await self._post_json("/v1/completions", self._with_model(body), idempotent=False)
+
+    async def chat(self, body: dict[str, Any]) -> Generation:
+        """A non-streaming chat completion; failures come back in Generation.error."""
+        gen = Generation(t_start=time.perf_counter())
+        try:
+            data = await self._post_json("/v1/chat/completions", self._with_model(body), idempotent=False)
+        except ServerError as exc:
+            gen.t_end, gen.error, gen.status = time.perf_counter(), str(exc), exc.status
+            return gen
+        gen.t_end = time.perf_counter()
+        choice = (data.get("choices") or [{}])[0]
+        message = choice.get("message") or {}
+        gen.content = message.get("content") or ""
+        gen.reasoning = _reasoning_of(message)
+        gen.finish_reason = choice.get("finish_reason")
+        gen.usage = data.get("usage")
+        gen.system_fingerprint = data.get("system_fingerprint")
+        gen.complete = True
+        gen.raw = data
+        return gen
+
+    async def stream_chat(self, body: dict[str, Any]) -> Generation:
+        return await self._stream("/v1/chat/completions", body)
+
+    async def stream_completions(self, body: dict[str, Any]) -> Generation:
+        return await self._stream("/v1/completions", body)
+
+    async def _stream(self, path: str, body: dict[str, Any]) -> Generation:
+        body = self._with_model({**body, "stream": True})
+        body.setdefault("stream_options", {"include_usage": True})
+        gen = Generation(t_start=time.perf_counter())
+        try:
+            async with self._http.stream("POST", path, content=orjson.dumps(body),
+                                         headers={"content-type": "application/json"}) as resp:
+                if resp.status_code >= 400:
+                    await resp.aread()
+                    err = self._fail(resp, path)
+                    gen.error, gen.status = str(err), err.status
+                    return gen
+                async for event in _sse_events(resp):
+                    now = time.perf_counter()
+                    if event is None:
+                        gen.complete = True
+                        break
+                    _apply_event(gen, event, now)
+        except httpx.TransportError as exc:
+            gen.error = str(self._unreachable(exc, path)) if not gen.chunks else (
+                f"{self.name}: {path}: stream cut after {len(gen.chunks)} chunks ({type(exc).__name__})")
+        finally:
+            gen.t_end = time.perf_counter()
+        if not gen.complete and gen.error is None:
+            gen.error = f"{self.name}: {path}: stream ended before [DONE] after {len(gen.chunks)} chunks"
+        return gen
+
+
+async def _sse_events(resp: httpx.Response) -> AsyncIterator[dict[str, Any] | None]:
+    """Yield each `data:` JSON object; None for `[DONE]`."""
+    async for line in resp.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            yield None
+            return
+        if payload:
+            yield orjson.loads(payload)
+
+
+def _apply_event(gen: Generation, event: dict[str, Any], now: float) -> None:
+    if "error" in event and not event.get("choices"):
+        err = event["error"]
+        gen.error = str(err.get("message") if isinstance(err, dict) else err)
+        return
+    if event.get("usage"):
+        gen.usage = event["usage"]
+    if event.get("system_fingerprint"):
+        gen.system_fingerprint = event["system_fingerprint"]
+    for choice in event.get("choices") or []:
+        delta = choice.get("delta")
+        if delta is None:  # completions stream
+            reasoning, content = "", choice.get("text") or ""
+        else:
+            reasoning, content = _reasoning_of(delta), delta.get("content") or ""
+        gen.chunks.append(Chunk(now, reasoning, content))
+        gen.reasoning += reasoning
+        gen.content += content
+        if choice.get("finish_reason"):
+            gen.finish_reason = choice["finish_reason"]

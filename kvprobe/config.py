@@ -1,0 +1,206 @@
+"""servers.toml: schema, defaults and validation (one clear line per problem)."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlparse
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from kvprobe.errors import ConfigError
+
+# Header names that carry credentials: those belong in the environment (api_key_env), not in a file.
+_SECRET_HEADERS = {"authorization", "proxy-authorization", "x-api-key", "api-key", "cookie"}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Bars(_Strict):
+    """Acceptance bars, fixed before any number comes in; stored in the verdict."""
+
+    perplexity_delta_max: float = Field(0.01, ge=0, description="relative perplexity rise, candidate vs reference")
+    needle_recall_drop_max: float = Field(0.0, ge=0, le=1, description="needle recall drop (absolute)")
+    capacity_gain_min: float = Field(0.05, ge=0, description="below this a candidate frees nothing")
+    throughput_drop_max: float = Field(0.05, ge=0, le=1, description="relative output-token throughput drop")
+    p99_latency_rise_max: float = Field(0.10, ge=0, description="relative p99 latency rise")
+    kl_mean_max: float | None = Field(None, ge=0, description="optional bar on mean KL divergence (nats)")
+    top1_agreement_min: float | None = Field(None, ge=0, le=1, description="optional bar on top-1 agreement")
+
+
+class Server(_Strict):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    url: str
+    role: Literal["reference", "candidate"] = "candidate"
+    api_key_env: str | None = None
+    timeout_s: float = Field(600.0, gt=0)
+    headers: dict[str, str] = Field(default_factory=dict)
+    model: str | None = Field(None, description="model id to request; default: the first of /v1/models")
+    tokenizer: str | None = Field(None, description="local tokenizer path when the server has no /tokenize")
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        parsed = urlparse(value)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise ValueError(f"{value!r} is not an http(s) URL like http://127.0.0.1:8000")
+        # Accept the OpenAI-style base too: kvprobe adds /v1 itself.
+        return value.rstrip("/").removesuffix("/v1")
+
+    @field_validator("headers")
+    @classmethod
+    def _no_secret_headers(cls, value: dict[str, str]) -> dict[str, str]:
+        bad = sorted(k for k in value if k.lower() in _SECRET_HEADERS)
+        if bad:
+            raise ValueError(f"header {bad[0]!r} carries a secret: put the key in an environment "
+                             "variable and name it in api_key_env")
+        return value
+
+    def api_key(self) -> str | None:
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+
+class SmokeSettings(_Strict):
+    prompt_fraction: float = Field(0.5, gt=0, lt=1, description="smoke prompt length, share of max_model_len")
+    max_tokens: int = Field(8, ge=1)
+
+
+class PerplexitySettings(_Strict):
+    task: str = "kvprobe_ppl"
+    limit: int | None = Field(None, ge=1, description="at most this many passages")
+    num_concurrent: int = Field(4, ge=2)
+    prefill_chunk_tokens: int = Field(2048, ge=1, description="the servers' max_num_batched_tokens")
+    reference_repeats: int = Field(2, ge=2, description="reference runs, for the noise floor")
+    bootstrap_resamples: int = Field(2000, ge=100)
+    seed: int = 0
+
+
+class AgreementSettings(_Strict):
+    top_k: int = Field(20, ge=1, le=20, description="prompt logprobs per position (vLLM caps at 20)")
+    passages: int = Field(4, ge=1)
+    max_tokens_per_passage: int = Field(2048, ge=16)
+
+
+class NeedleSettings(_Strict):
+    count: int = Field(20, ge=1)
+    lengths: list[int] | None = Field(None, description="context lengths in tokens; default spread 1k..max")
+    depths: list[float] | None = Field(None, description="depths in [0, 1]; default spread 0..1")
+    min_length: int = Field(1024, ge=64)
+    max_tokens: int = Field(1024, ge=1, description="answer budget, reasoning included")
+    templates: list[str] = Field(default_factory=lambda: ["ruler"])
+    seed: int = 0
+    stream: bool = False
+    concurrency: int = Field(2, ge=1)
+
+
+class Slo(_Strict):
+    ttft_s: float | None = Field(None, gt=0)
+    tpot_s: float | None = Field(None, gt=0)
+    e2e_s: float | None = Field(None, gt=0)
+
+
+class LoadSettings(_Strict):
+    agents: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16])
+    turns: int = Field(4, ge=1)
+    system_tokens: int = Field(512, ge=0)
+    tokens_per_turn: int = Field(256, ge=1)
+    max_output_tokens: int = Field(64, ge=1)
+    requests_per_case: int | None = Field(None, ge=1, description="request budget per case")
+    duration_s: float | None = Field(None, gt=0, description="time budget per case")
+    repeats: int = Field(3, ge=1, description="interleaved repeats per case, for intervals")
+    mode: Literal["closed", "open"] = "closed"
+    rate: float | None = Field(None, gt=0, description="open loop: requests per second (Poisson)")
+    metrics_interval_s: float = Field(0.5, gt=0)
+    slo: Slo = Field(default_factory=Slo)
+
+
+class Config(_Strict):
+    bars: Bars = Field(default_factory=Bars)
+    server: list[Server] = Field(min_length=1)
+    model_config_path: str | None = Field(None, alias="model_config", description="HF config.json for memmap")
+    smoke: SmokeSettings = Field(default_factory=SmokeSettings)
+    perplexity: PerplexitySettings = Field(default_factory=PerplexitySettings)
+    agreement: AgreementSettings = Field(default_factory=AgreementSettings)
+    needle: NeedleSettings = Field(default_factory=NeedleSettings)
+    load: LoadSettings = Field(default_factory=LoadSettings)
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @property
+    def servers(self) -> list[Server]:
+        return self.server
+
+    @property
+    def reference(self) -> Server:
+        return next(s for s in self.server if s.role == "reference")
+
+    @property
+    def candidates(self) -> list[Server]:
+        return [s for s in self.server if s.role == "candidate"]
+
+    def public_dict(self) -> dict[str, Any]:
+        """The config as recorded in a run: no secrets (only env var names; header names, not values)."""
+        data = self.model_dump(mode="json", by_alias=True)
+        for server in data["server"]:
+            server["headers"] = sorted(server["headers"])
+        return data
+
+
+def _where(loc: tuple[Any, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts[-1] = f"{parts[-1]}[{item}]" if parts else f"[{item}]"
+        else:
+            parts.append(str(item))
+    return ".".join(parts) or "(top level)"
+
+
+def _explain(err: dict[str, Any]) -> str:
+    kind, msg = err["type"], err["msg"]
+    if kind == "extra_forbidden":
+        return "unknown key: remove it or check its spelling"
+    if kind == "missing":
+        return "required key is missing"
+    return msg.removeprefix("Value error, ")
+
+
+def parse_config(data: dict[str, Any], source: str = "servers.toml") -> Config:
+    try:
+        config = Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError([f"{source}: {_where(e['loc'])}: {_explain(e)}" for e in exc.errors()]) from None
+    problems: list[str] = []
+    seen: set[str] = set()
+    for i, server in enumerate(config.server):
+        if server.name in seen:
+            problems.append(f"{source}: server[{i}].name: duplicate name {server.name!r}: names must be unique")
+        seen.add(server.name)
+        if server.api_key_env and not os.environ.get(server.api_key_env):
+            problems.append(f"{source}: server[{i}].api_key_env: environment variable {server.api_key_env} "
+                            f"is not set: export it with {server.name}'s API key")
+    refs = [s.name for s in config.server if s.role == "reference"]
+    if len(refs) != 1:
+        found = ", ".join(refs) if refs else "none"
+        problems.append(f"{source}: server.role: exactly one server must have role = \"reference\" "
+                        f"(found {found})")
+    if problems:
+        raise ConfigError(problems)
+    return config
+
+
+def load_config(path: str | Path) -> Config:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError([f"{path}: cannot read: {exc.strerror}"]) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([f"{path}: not valid TOML: {exc}"]) from None
+    return parse_config(data, str(path))

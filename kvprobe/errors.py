@@ -1,0 +1,56 @@
+"""Errors that end a command, each carrying the exit code the CLI returns for it."""
+
+from __future__ import annotations
+
+# Exit codes (README, "Exit codes").
+EXIT_OK = 0
+EXIT_BAR_FAILED = 1
+EXIT_CANNOT_RUN = 2
+EXIT_INVALID = 3
+EXIT_BROKEN = 4
+
+
+class KvprobeError(Exception):
+    """Base class: the message is one line that names the thing to fix."""
+
+    exit_code = EXIT_CANNOT_RUN
+
+
+class ConfigError(KvprobeError):
+    """servers.toml (or a command-line value) is wrong; `problems` has one line per problem."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+class ServerError(KvprobeError):
+    """A server answered with an error or not at all."""
+
+    def __init__(self, server: str, message: str, *, status: int | None = None, path: str | None = None):
+        self.server = server
+        self.status = status
+        self.path = path
+        self.detail = message
+        where = f" {path}" if path else ""
+        code = f" HTTP {status}" if status else ""
+        super().__init__(f"{server}:{code}{where}: {message}")
+
+
+class Unreachable(ServerError):
+    """No TCP connection, DNS failure or a timeout before any answer."""
+
+    def __init__(self, server: str, message: str, *, path: str | None = None):
+        super().__init__(server, message, path=path)
+        self.args = (f"{server}: {message}",)
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+class AuthError(ServerError):
+    """401/403: the API key is missing or wrong."""
+
+
+class MetricsError(KvprobeError):
+    """/metrics could not be parsed."""

@@ -1,0 +1,175 @@
+"""`kvprobe eval`: config -> inventory -> pin check -> probes -> files in the run directory.
+
+Exit status follows from what was found, most serious first: 2 cannot run (a server unreachable,
+wrong key, unreadable capacity), 3 invalid comparison, 4 a server is broken, 1 a bar failed, 0 ok.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console
+
+from kvprobe import __version__
+from kvprobe.client import Client
+from kvprobe.config import Config
+from kvprobe.errors import EXIT_BROKEN, EXIT_CANNOT_RUN, EXIT_INVALID, EXIT_OK
+from kvprobe.inventory import Inventory, take_inventories
+from kvprobe.pin import PinCheck, check_pin
+from kvprobe.probes.capacity import capacity_summary
+from kvprobe.store import RunDir, utc_now
+
+PROBE_ORDER = ("capacity", "perplexity", "agreement", "needle", "load")
+
+
+@dataclass
+class EvalContext:
+    """What every probe gets: the config, the open clients, the facts, and where to write."""
+
+    config: Config
+    run: RunDir
+    clients: dict[str, Client]
+    inventories: dict[str, Inventory]
+    pin: PinCheck
+    console: Console
+    results: dict[str, Any] = field(default_factory=dict)
+    broken: dict[str, str] = field(default_factory=dict)  # server -> last error, set by probes
+
+    @property
+    def reference(self) -> str:
+        return self.config.reference.name
+
+    def active(self) -> list[str]:
+        """Servers to measure: the reference and each serving, valid candidate not yet broken."""
+        names = []
+        for server in self.config.servers:
+            inv = self.inventories[server.name]
+            if not inv.serving or server.name in self.broken:
+                continue
+            if server.role == "candidate" and not self.pin.candidate_valid(server.name):
+                continue
+            names.append(server.name)
+        return names
+
+    def mark_broken(self, name: str, error: str) -> None:
+        """A server failed during a probe: it gets no more requests; what it finished is kept."""
+        if name not in self.broken:
+            self.broken[name] = error
+            self.run.event("broken", server=name, error=error)
+            self.console.print(f"[red]{name} is broken:[/red] {error}")
+
+
+ProbeFn = Callable[[EvalContext], Awaitable[dict[str, Any]]]
+
+
+def _probe_table() -> dict[str, ProbeFn]:
+    """Probe name -> coroutine; imported lazily so `audit` never loads lm-eval or matplotlib."""
+    table: dict[str, ProbeFn] = {"capacity": _capacity_probe}
+    from kvprobe.probes import registry
+
+    table.update(registry())
+    return table
+
+
+async def _capacity_probe(ctx: EvalContext) -> dict[str, Any]:
+    summary = capacity_summary(ctx.reference, ctx.inventories, ctx.pin)
+    ctx.run.write_json("capacity.json", summary)
+    return summary
+
+
+def make_clients(config: Config, transport: Any = None) -> dict[str, Client]:
+    return {
+        s.name: Client(s.name, s.url, api_key=s.api_key(), timeout_s=s.timeout_s, headers=s.headers,
+                       transport=transport)
+        for s in config.servers
+    }
+
+
+@dataclass
+class EvalOutcome:
+    exit_code: int
+    messages: list[str]
+    ctx: EvalContext
+
+
+async def run_eval(
+    config: Config,
+    run: RunDir,
+    probes: list[str],
+    console: Console,
+    transport: Any = None,
+) -> EvalOutcome:
+    run.write_json("run.json", {
+        "kvprobe_version": __version__,
+        "started": utc_now(),
+        "probes": probes,
+        "config": config.public_dict(),
+    })
+    async with AsyncExitStack() as stack:
+        clients = make_clients(config, transport)
+        for client in clients.values():
+            stack.push_async_callback(client.aclose)
+        for server in config.servers:
+            if server.model:
+                clients[server.name].model = server.model
+        with console.status("inventory: health, version, model, /metrics, first-prefill smoke"):
+            inventories = await take_inventories(
+                list(clients.values()),
+                roles={s.name: s.role for s in config.servers},
+                smoke_fraction=config.smoke.prompt_fraction,
+                smoke_max_tokens=config.smoke.max_tokens,
+            )
+        invs = {inv.name: inv for inv in inventories}
+        for inv in inventories:
+            run.write_json(f"inventory/{inv.name}.json", inv.to_dict())
+            if inv.metrics_text is not None:
+                run.write_text(f"inventory/{inv.name}.metrics.txt", inv.metrics_text)
+            run.event("inventory", server=inv.name, status=inv.status, error=inv.error,
+                      kv_cache_tokens=inv.capacity.kv_cache_tokens if inv.capacity else None)
+        ref = config.reference.name
+        pin = check_pin(invs[ref], [invs[c.name] for c in config.candidates])
+        run.event("pin", **pin.to_dict())
+        ctx = EvalContext(config, run, clients, invs, pin, console)
+
+        unreachable = [inv for inv in inventories if inv.status in ("unreachable", "unauthorized")]
+        if unreachable:
+            return EvalOutcome(EXIT_CANNOT_RUN, [inv.error or inv.name for inv in unreachable], ctx)
+
+        table = _probe_table()
+        unknown = [p for p in probes if p not in table]
+        if unknown:
+            return EvalOutcome(EXIT_CANNOT_RUN, [f"--probes: unknown probe(s) {', '.join(unknown)}: "
+                                                 f"choose from {', '.join(table)}"], ctx)
+        messages: list[str] = []
+        no_capacity = [inv for inv in inventories if inv.capacity is None]
+        if "capacity" in probes and no_capacity:
+            return EvalOutcome(EXIT_CANNOT_RUN, [
+                f"{inv.name}: KV capacity unknown: {'; '.join(inv.warnings) or 'no cache_config_info'}"
+                for inv in no_capacity], ctx)
+        if invs[ref].serving:
+            for name in [p for p in PROBE_ORDER if p in probes]:
+                ctx.results[name] = await table[name](ctx)
+                run.event("probe_done", probe=name)
+        else:
+            messages.append(f"reference {invs[ref].error}: nothing can be compared")
+
+        code = EXIT_OK
+        broken = [inv for inv in inventories if not inv.serving]
+        if not pin.valid:
+            code = EXIT_INVALID
+            messages += [f"invalid comparison: {d.text}" for d in pin.all_differences()]
+        elif broken or ctx.broken:
+            code = EXIT_BROKEN
+        messages += [inv.error or f"{inv.name} is broken" for inv in broken]
+        messages += [f"{name} broke during the run: {err}" for name, err in ctx.broken.items()]
+        if code == EXIT_OK and "verdict" in ctx.results:
+            code = ctx.results["verdict"].get("exit_code", EXIT_OK)
+        return EvalOutcome(code, messages, ctx)
+
+
+def run_eval_sync(*args: Any, **kw: Any) -> EvalOutcome:
+    return asyncio.run(run_eval(*args, **kw))

@@ -1,0 +1,193 @@
+"""Per-server facts (health, version, model, cache config, capacity) and the first-prefill smoke.
+
+A server that reports healthy may still be unable to serve (a kernel built for another arch dies
+at the first real prefill), so every inventory ends with one long real prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from kvprobe.client import Client
+from kvprobe.corpus import filler_text
+from kvprobe.errors import AuthError, KvprobeError, ServerError, Unreachable
+from kvprobe.scrape import Capacity, parse_metrics
+
+Status = Literal["ok", "unreachable", "unauthorized", "broken"]
+
+
+@dataclass
+class Smoke:
+    ok: bool
+    prompt_tokens: int | None = None
+    target_tokens: int | None = None
+    seconds: float | None = None
+    output: str | None = None
+    error: str | None = None
+    approximate: bool = False  # no /tokenize: the prompt length is a character estimate
+    system_fingerprint: str | None = None
+
+
+@dataclass
+class Inventory:
+    name: str
+    url: str
+    role: str = "candidate"
+    status: Status = "ok"
+    error: str | None = None
+    healthy: bool = False
+    version: str | None = None
+    model: str | None = None
+    model_root: str | None = None
+    max_model_len: int | None = None
+    cache_config: dict[str, str] | None = None
+    capacity: Capacity | None = None
+    kv_usage: float | None = None
+    has_tokenize: bool = False
+    smoke: Smoke | None = None
+    warnings: list[str] = field(default_factory=list)
+    metrics_text: str | None = field(default=None, repr=False)
+
+    @property
+    def cache_dtype(self) -> str | None:
+        return (self.cache_config or {}).get("cache_dtype")
+
+    @property
+    def system_fingerprint(self) -> str | None:
+        return self.smoke.system_fingerprint if self.smoke else None
+
+    @property
+    def serving(self) -> bool:
+        return self.status == "ok"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("metrics_text")
+        data["cache_dtype"] = self.cache_dtype
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Inventory:
+        data = dict(data)
+        data.pop("cache_dtype", None)
+        if data.get("capacity"):
+            data["capacity"] = Capacity(**data["capacity"])
+        if data.get("smoke"):
+            data["smoke"] = Smoke(**data["smoke"])
+        return cls(**data)
+
+
+async def _smoke_prompt(client: Client, target: int) -> tuple[list[int] | str, bool]:
+    """A real prompt of `target` tokens from the shipped filler (token ids when /tokenize works)."""
+    # A fresh random prefix makes every block's hash new: a prefix-cache hit is not a prefill.
+    text = f"kvprobe smoke {secrets.token_hex(8)}\n" + filler_text()
+    ids = await client.tokenize(prompt=text[: target * 8])
+    if len(ids) < target:
+        ids = (ids * (target // max(len(ids), 1) + 1))
+    return ids[:target], False
+
+
+async def smoke_test(client: Client, max_model_len: int, fraction: float, max_tokens: int,
+                     has_tokenize: bool) -> Smoke:
+    target = max(16, int(max_model_len * fraction))
+    try:
+        if has_tokenize:
+            prompt, approximate = await _smoke_prompt(client, target)
+        else:  # ~4 characters a token in English: an estimate, marked as such
+            prompt, approximate = f"kvprobe smoke {secrets.token_hex(8)}\n" + filler_text()[: target * 4], True
+        t0 = time.perf_counter()
+        data = await client.completions({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
+        seconds = time.perf_counter() - t0
+    except ServerError as exc:
+        return Smoke(ok=False, target_tokens=target, error=exc.detail if exc.status else str(exc))
+    choice = (data.get("choices") or [{}])[0]
+    usage = data.get("usage") or {}
+    text = choice.get("text")
+    if not isinstance(text, str) or not usage.get("completion_tokens"):
+        return Smoke(ok=False, target_tokens=target, seconds=seconds,
+                     error=f"no tokens generated (finish_reason={choice.get('finish_reason')!r})")
+    return Smoke(ok=True, prompt_tokens=usage.get("prompt_tokens"), target_tokens=target, seconds=seconds,
+                 output=text[:200], approximate=approximate,
+                 system_fingerprint=data.get("system_fingerprint"))
+
+
+async def take_inventory(
+    client: Client,
+    *,
+    role: str = "candidate",
+    smoke_fraction: float = 0.5,
+    smoke_max_tokens: int = 8,
+    run_smoke: bool = True,
+) -> Inventory:
+    """Everything kvprobe learns about one server before measuring it; never raises for a server
+    problem: the problem is in .status and .error."""
+    inv = Inventory(name=client.name, url=client.url, role=role)
+    try:
+        inv.healthy = await client.health()
+        inv.version = await client.version()
+        models = await client.models()
+        if not models:
+            raise ServerError(client.name, "/v1/models lists no model", path="/v1/models")
+        first = next((m for m in models if m.get("id") == client.model), models[0])
+        inv.model, inv.model_root = first.get("id"), first.get("root")
+        inv.max_model_len = first.get("max_model_len")
+        await _read_metrics(client, inv)
+        try:
+            await client.tokenize(prompt="kvprobe")
+            inv.has_tokenize = True
+        except ServerError as exc:
+            if exc.status not in (404, 405, 501):
+                raise
+            inv.warnings.append("no /tokenize endpoint: token counts are estimates")
+    except AuthError as exc:
+        inv.status, inv.error = "unauthorized", str(exc)
+        return inv
+    except Unreachable as exc:
+        inv.status, inv.error = "unreachable", str(exc)
+        return inv
+    except ServerError as exc:
+        inv.status, inv.error = "broken", str(exc)
+        return inv
+    if run_smoke:
+        if not inv.max_model_len:
+            inv.warnings.append("max_model_len unknown: smoke prompt of 2048 tokens")
+        inv.smoke = await smoke_test(client, inv.max_model_len or 4096, smoke_fraction, smoke_max_tokens,
+                                     inv.has_tokenize)
+        if not inv.smoke.ok:
+            inv.status = "broken"
+            inv.error = f"{client.name}: first-prefill smoke ({inv.smoke.target_tokens} tokens) failed: " \
+                        f"{inv.smoke.error}"
+    return inv
+
+
+async def _read_metrics(client: Client, inv: Inventory) -> None:
+    try:
+        inv.metrics_text = await client.metrics_text()
+        snap = parse_metrics(inv.metrics_text)
+    except ServerError as exc:
+        if isinstance(exc, Unreachable | AuthError):
+            raise
+        inv.warnings.append(f"/metrics unavailable: {exc.detail}")
+        return
+    except KvprobeError as exc:
+        inv.warnings.append(str(exc))
+        return
+    inv.cache_config = snap.cache_config
+    inv.capacity = snap.capacity()
+    inv.kv_usage = snap.kv_usage
+    if snap.cache_config is None:
+        inv.warnings.append("/metrics has no vllm:cache_config_info: cache config and capacity unknown")
+    elif inv.capacity and inv.capacity.estimate:
+        inv.warnings.append("no kv_cache_size_tokens label: capacity is num_gpu_blocks x block_size "
+                            "(an estimate, wrong for hybrid models)")
+
+
+async def take_inventories(clients: list[Client], roles: dict[str, str] | None = None,
+                           **kw: Any) -> list[Inventory]:
+    roles = roles or {}
+    return list(await asyncio.gather(
+        *(take_inventory(c, role=roles.get(c.name, "candidate"), **kw) for c in clients)))

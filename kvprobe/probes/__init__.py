@@ -1,0 +1,26 @@
+"""Probes: each answers one question about every active server.
+
+A probe module exposes `async def run(ctx: EvalContext) -> dict`: it measures the servers in
+ctx.active(), appends every measurement to the events log as it happens (skipping what a resumed
+run already has), writes DIR/<probe>.json and returns that summary.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+OPTIONAL_PROBES = ("perplexity", "agreement", "needle", "load")
+
+
+def registry() -> dict[str, Any]:
+    table: dict[str, Any] = {}
+    for name in OPTIONAL_PROBES:
+        try:
+            module = importlib.import_module(f"kvprobe.probes.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"kvprobe.probes.{name}":
+                continue  # not built yet
+            raise
+        table[name] = module.run
+    return table

