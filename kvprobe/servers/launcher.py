@@ -125,6 +125,27 @@ def ensure_venv(python: str | None = None) -> Path:
     return venv_python()
 
 
+def staged_model(source: Path = NEEDLE_LLAMA) -> str:
+    """A content-addressed copy of a model folder under the cache: every checkout (and git
+    worktree) then serves the same path, so /v1/models `root` matches and live servers are reused."""
+    import shutil
+
+    digest = hashlib.sha256()
+    for f in sorted(source.iterdir()):
+        if f.is_file():
+            digest.update(f.name.encode())
+            digest.update(f.read_bytes())
+    target = home() / "models" / f"{source.name}-{digest.hexdigest()[:12]}"
+    if not target.exists():
+        with _locked("models"):
+            if not target.exists():
+                tmp = target.with_name(target.name + ".tmp")
+                shutil.rmtree(tmp, ignore_errors=True)
+                shutil.copytree(source, tmp)
+                tmp.rename(target)
+    return str(target)
+
+
 @dataclass(frozen=True)
 class ServerSpec:
     """Everything that decides how a local server behaves; two specs that differ only in
@@ -132,7 +153,7 @@ class ServerSpec:
 
     port: int
     kv_cache_dtype: str = "auto"
-    model: str = str(NEEDLE_LLAMA)
+    model: str = field(default_factory=staged_model)
     served_model_name: str = SERVED_NAME
     max_model_len: int = 8192
     kv_space_gib: int = 1
@@ -165,6 +186,7 @@ class LocalServer:
     spec: ServerSpec
     pid: int
     log: Path
+    reused: bool = False  # True: found already running, so whoever started it stops it
 
     @property
     def url(self) -> str:
@@ -230,7 +252,7 @@ def _reusable(spec: ServerSpec) -> LocalServer | None:
         return None
     state = json.loads(path.read_text())
     if state.get("digest") == spec.digest() and _pid_alive(state["pid"]) and _healthy(spec.url):
-        return LocalServer(spec, state["pid"], Path(state["log"]))
+        return LocalServer(spec, state["pid"], Path(state["log"]), reused=True)
     return None
 
 

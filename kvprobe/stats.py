@@ -1,0 +1,94 @@
+"""Small statistics every probe shares: percentiles, bootstrap intervals, the bar rule.
+
+Numbers carry their uncertainty: a delta is reported with a 95% bootstrap interval, and a bar is
+passed only when the whole interval is on the right side of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+Outcome = Literal["pass", "fail", "inconclusive"]
+
+
+def percentiles(values: Sequence[float], qs: Sequence[float] = (50, 90, 99)) -> dict[str, float | None]:
+    """{"mean", "p50", "p90", "p99"} with linear interpolation; None for an empty sample."""
+    arr = np.asarray(values, dtype=float)
+    if arr.size == 0:
+        return {"mean": None, **{f"p{q:g}": None for q in qs}}
+    out: dict[str, float | None] = {"mean": float(arr.mean())}
+    for q, v in zip(qs, np.percentile(arr, qs), strict=True):
+        out[f"p{q:g}"] = float(v)
+    return out
+
+
+@dataclass(frozen=True)
+class Interval:
+    estimate: float
+    lo: float
+    hi: float
+
+    def as_list(self) -> list[float]:
+        return [self.lo, self.hi]
+
+
+def paired_bootstrap(
+    ref: Sequence[float],
+    cand: Sequence[float],
+    statistic: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    *,
+    resamples: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> Interval:
+    """Percentile bootstrap over paired units (documents, cases): the same resampled indices are used
+    for reference and candidate, so shared difficulty cancels. `statistic(ref_rows, cand_rows)` gets
+    2-D arrays (resamples x units) and returns one value per resample."""
+    r, c = np.asarray(ref, dtype=float), np.asarray(cand, dtype=float)
+    if r.shape != c.shape or r.ndim != 1 or r.size == 0:
+        raise ValueError("paired_bootstrap needs two non-empty samples of the same length")
+    point = float(statistic(r[None, :], c[None, :])[0])
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, r.size, size=(resamples, r.size))
+    stats = statistic(r[idx], c[idx])
+    alpha = (1 - level) / 2
+    lo, hi = np.quantile(stats, [alpha, 1 - alpha])
+    return Interval(point, float(lo), float(hi))
+
+
+def bootstrap_ratio(
+    ref: Sequence[float],
+    cand: Sequence[float],
+    *,
+    resamples: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+    reducer: Callable[[np.ndarray], np.ndarray] = lambda a: a.mean(axis=-1),
+) -> Interval:
+    """Interval for reducer(cand) / reducer(ref) with the two samples resampled independently
+    (repeated runs of a case on two servers are not paired)."""
+    r, c = np.asarray(ref, dtype=float), np.asarray(cand, dtype=float)
+    if r.size == 0 or c.size == 0:
+        raise ValueError("bootstrap_ratio needs two non-empty samples")
+    point = float(reducer(c[None, :])[0] / reducer(r[None, :])[0])
+    rng = np.random.default_rng(seed)
+    rs = r[rng.integers(0, r.size, size=(resamples, r.size))]
+    cs = c[rng.integers(0, c.size, size=(resamples, c.size))]
+    ratios = reducer(cs) / reducer(rs)
+    alpha = (1 - level) / 2
+    lo, hi = np.quantile(ratios, [alpha, 1 - alpha])
+    return Interval(point, float(lo), float(hi))
+
+
+def bar_outcome(interval: Interval, bar: float) -> Outcome:
+    """For a quantity where larger is worse (a loss): pass when the whole interval is at or under
+    the bar, fail when the whole interval is over it, inconclusive when it straddles."""
+    if interval.hi <= bar:
+        return "pass"
+    if interval.lo > bar:
+        return "fail"
+    return "inconclusive"

@@ -1,0 +1,39 @@
+"""Shared fixtures. Integration tests run against real vLLM CPU servers serving needle-llama,
+started once per session by kvprobe's own launcher (and reused when already running)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from kvprobe.servers import DEMO_PORTS, LocalServer, ServerSpec, start_many  # noqa: E402
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("KVPROBE_SKIP_INTEGRATION") == "1":
+        skip = pytest.mark.skip(reason="KVPROBE_SKIP_INTEGRATION=1")
+        for item in items:
+            if "integration" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def vllm_servers() -> Iterator[dict[str, LocalServer]]:
+    """The demo trio: kv-cache-dtype auto (:8101), fp8 (:8102), int8_per_token_head (:8103).
+
+    Same model, same flags; only the KV dtype differs. Servers that were already running (the demo,
+    another test session) are reused and left alone; servers this session started are stopped at
+    the end unless KVPROBE_KEEP_SERVERS=1."""
+    specs = [ServerSpec(port=port, kv_cache_dtype=dtype) for dtype, port in DEMO_PORTS.items()]
+    servers = start_many(specs)
+    yield {s.spec.kv_cache_dtype: s for s in servers}
+    if os.environ.get("KVPROBE_KEEP_SERVERS") != "1":
+        for server in servers:
+            if not server.reused:
+                server.stop()
