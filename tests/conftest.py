@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from kvprobe.servers import DEMO_PORTS, LocalServer, ServerSpec, start_many  # noqa: E402
+from kvprobe.servers import DEMO_PORTS, LocalServer, ServerSpec, start_many
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
