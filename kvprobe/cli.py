@@ -95,19 +95,15 @@ def audit(urls: tuple[str, ...], as_json: bool, api_key_env: str | None, no_smok
         sys.exit(EXIT_CANNOT_RUN if any(i.status != "broken" for i in failed) else 4)
 
 
-@main.command(name="eval")
-@click.option("--servers", "servers_file", required=True, type=click.Path(path_type=Path),
-              help="servers.toml")
-@click.option("--out", type=click.Path(path_type=Path), default=None, help="run directory (default runs/<time>-<id>)")
-@click.option("--probes", default="capacity,perplexity,agreement,needle,load", show_default=True,
-              help="comma-separated probes to run")
-def eval_cmd(servers_file: Path, out: Path | None, probes: str) -> None:
-    """Measure every server in servers.toml against the reference and write a run directory."""
-    from kvprobe.evaluation import run_eval_sync
+PROBES_HELP = "comma-separated probes: capacity,perplexity,agreement,needle,load (default: all)"
+
+
+def _evaluate(config_path: Path, out: Path | None, probes: str | None) -> None:
+    from kvprobe.evaluation import available_probes, run_eval_sync
 
     try:
-        config = load_config(servers_file)
-        probe_list = [p.strip() for p in probes.split(",") if p.strip()]
+        config = load_config(config_path)
+        probe_list = [p.strip() for p in probes.split(",") if p.strip()] if probes else available_probes()
         run = RunDir.create(out)
     except ConfigError as exc:
         _fail(exc.problems)
@@ -126,6 +122,41 @@ def eval_cmd(servers_file: Path, out: Path | None, probes: str) -> None:
         err_console.print(f"[bold red]error:[/bold red] {line}", highlight=False, soft_wrap=True)
     err_console.print(f"results in [bold]{run.path}[/bold]")
     sys.exit(outcome.exit_code)
+
+
+@main.command(name="eval")
+@click.option("--servers", "servers_file", required=True, type=click.Path(path_type=Path),
+              help="servers.toml")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="run directory (default runs/<UTC time>-<id>)")
+@click.option("--probes", default=None, help=PROBES_HELP)
+def eval_cmd(servers_file: Path, out: Path | None, probes: str | None) -> None:
+    """Measure every server in servers.toml against the reference and write a run directory."""
+    _evaluate(servers_file, out, probes)
+
+
+@main.command()
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="run directory")
+@click.option("--probes", default=None, help=PROBES_HELP)
+@click.option("--stop", is_flag=True, help="stop the demo servers afterwards")
+def demo(out: Path | None, probes: str | None, stop: bool) -> None:
+    """Start three real local vLLM CPU servers (needle-llama; auto, fp8, int8_per_token_head) and
+    evaluate them with the repository's servers.toml."""
+    from kvprobe.servers import LaunchError, demo_specs, start_many, stop_all
+    from kvprobe.servers.launcher import PROJECT_ROOT
+
+    err_console.print("starting the demo servers (first time: installs vLLM CPU, ~3 minutes)")
+    try:
+        servers = start_many(demo_specs())
+    except LaunchError as exc:
+        _fail([str(exc)])
+    for server in servers:
+        err_console.print(f"  {server.spec.kv_cache_dtype:>20} {server.url}" + (" (reused)" if server.reused else ""))
+    try:
+        _evaluate(PROJECT_ROOT / "servers.toml", out, probes)
+    finally:
+        if stop:
+            stop_all()
 
 
 if __name__ == "__main__":
