@@ -74,3 +74,45 @@ def test_missing_cache_config_is_reported_unchecked() -> None:
     b = Inventory(name="b", url="x", version="0.32.0", model_root="/models/m", max_model_len=8192)
     pin = check_pin(a, [b])
     assert pin.valid and any("no vllm:cache_config_info" in u for u in pin.unchecked)
+
+
+def server_info(name: str) -> dict:
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(__file__).parent / "fixtures" / "vllm-cpu-dev" / f"server_info-{name}.json").read_text())
+
+
+def test_server_info_of_real_auto_and_fp8_differs_only_in_kv_dtype() -> None:
+    from kvprobe.inventory import engine_facts
+
+    a = inv("auto", "auto-8101", "metrics_fresh", server_info=engine_facts(server_info("auto")))
+    b = inv("fp8", "fp8-8102", "metrics_fresh", server_info=engine_facts(server_info("fp8")))
+    assert len(a.server_info) > 400
+    pin = check_pin(a, [b])
+    assert pin.valid, pin.to_dict()
+    assert not any("server_info" in u for u in pin.unchecked)
+
+
+def test_server_info_catches_what_metrics_cannot_show() -> None:
+    from kvprobe.inventory import engine_facts
+
+    fp8 = server_info("fp8")
+    fp8["vllm_config"]["scheduler_config"]["max_num_batched_tokens"] = 8192
+    fp8["vllm_config"]["model_config"]["enforce_eager"] = False
+    a = inv("auto", "auto-8101", "metrics_fresh", server_info=engine_facts(server_info("auto")))
+    b = inv("fp8", "fp8-8102", "metrics_fresh", server_info=engine_facts(fp8))
+    texts = {d.text for d in check_pin(a, [b]).all_differences()}
+    assert texts == {
+        "server_info.vllm_config.scheduler_config.max_num_batched_tokens: auto=2048 fp8=8192",
+        "server_info.vllm_config.model_config.enforce_eager: auto=True fp8=False",
+    }
+
+
+def test_engine_facts_keep_no_environment_dump() -> None:
+    from kvprobe.inventory import engine_facts
+
+    facts = engine_facts(server_info("auto"))
+    assert not any(k.startswith("system.env") for k in facts)
+    assert facts["system.vllm_version"] == "0.32.0"
+    assert "VLLM_CACHE_ROOT" not in str({k: v for k, v in facts.items() if k.startswith("system.")})
