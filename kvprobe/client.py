@@ -3,6 +3,11 @@
 Retries: only where a retry is safe. GETs and /tokenize are idempotent and retried on connect
 errors and 502/503/504; generation requests are retried only when the connection was refused
 (the server never saw them), never after a 5xx, so a crash is reported, not hidden.
+
+Streams go through aiohttp (its C HTTP parser) unless a test transport is given: httpx parses
+HTTP in pure Python (h11), which made the client, not the server, the bottleneck at a few hundred
+streams (benchmarks/client_overhead.py). Both paths feed the same SSE parser, and every event of
+one network read gets that read's arrival time.
 """
 
 from __future__ import annotations
@@ -10,10 +15,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import httpx
 import orjson
 
@@ -22,7 +27,7 @@ from kvprobe.errors import AuthError, ServerError, Unreachable
 _RETRY_STATUS = {502, 503, 504}
 
 
-@dataclass
+@dataclass(slots=True)
 class Chunk:
     """One streamed event: monotonic arrival time and what it carried."""
 
@@ -120,6 +125,13 @@ class Client:
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
             transport=transport,
         )
+        # A test transport answers streams too; otherwise they use aiohttp (see the module doc).
+        self._fast_streams = transport is None
+        self._headers = hdrs
+        self._timeout_s = timeout_s
+        self._max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+        self._session_loop: asyncio.AbstractEventLoop | None = None
         self.model: str | None = None
 
     async def __aenter__(self) -> Client:
@@ -130,6 +142,25 @@ class Client:
 
     async def aclose(self) -> None:
         await self._http.aclose()
+        if self._session is not None and self._session_loop is asyncio.get_running_loop():
+            await self._session.close()
+        self._session = None
+
+    def _stream_session(self) -> aiohttp.ClientSession:
+        """The aiohttp session, made in (and bound to) the running loop on first use."""
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._session_loop is not loop or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                headers=self._headers,
+                connector=aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0),
+                # Same as the httpx side: timeout_s to get a connection and between reads; 10 s to connect.
+                timeout=aiohttp.ClientTimeout(total=None, connect=self._timeout_s, sock_connect=10.0,
+                                              sock_read=self._timeout_s),
+                trust_env=True,  # proxies from the environment, as httpx does
+                auto_decompress=True,
+            )
+            self._session_loop = loop
+        return self._session
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -143,7 +174,7 @@ class Client:
     def _unreachable(self, exc: Exception, path: str) -> Unreachable:
         kind = type(exc).__name__
         detail = str(exc) or kind
-        if isinstance(exc, httpx.TimeoutException):
+        if isinstance(exc, httpx.TimeoutException | TimeoutError):
             detail = f"timed out ({kind})"
         return Unreachable(self.name, f"cannot reach {self.url}{path}: {detail}", path=path)
 
@@ -294,61 +325,115 @@ class Client:
     async def _stream(self, path: str, body: dict[str, Any]) -> Generation:
         body = self._with_model({**body, "stream": True})
         body.setdefault("stream_options", {"include_usage": True})
+        payload = orjson.dumps(body)
         gen = Generation(t_start=time.perf_counter())
+        feed = _SseFeed(gen)
         try:
-            async with self._http.stream("POST", path, content=orjson.dumps(body),
-                                         headers={"content-type": "application/json"}) as resp:
-                if resp.status_code >= 400:
-                    await resp.aread()
-                    err = self._fail(resp, path)
-                    gen.error, gen.status = str(err), err.status
-                    return gen
-                async for event in _sse_events(resp):
-                    now = time.perf_counter()
-                    if event is None:
-                        gen.complete = True
-                        break
-                    _apply_event(gen, event, now)
-        except httpx.TransportError as exc:
+            if self._fast_streams:
+                await self._stream_aiohttp(path, payload, gen, feed)
+            else:
+                await self._stream_httpx(path, payload, gen, feed)
+        except (httpx.TransportError, aiohttp.ClientError, TimeoutError) as exc:
             gen.error = str(self._unreachable(exc, path)) if not gen.chunks else (
                 f"{self.name}: {path}: stream cut after {len(gen.chunks)} chunks ({type(exc).__name__})")
         finally:
             gen.t_end = time.perf_counter()
+            feed.close()
         if not gen.complete and gen.error is None:
             gen.error = f"{self.name}: {path}: stream ended before [DONE] after {len(gen.chunks)} chunks"
         return gen
 
+    async def _stream_httpx(self, path: str, payload: bytes, gen: Generation, feed: _SseFeed) -> None:
+        async with self._http.stream("POST", path, content=payload,
+                                     headers={"content-type": "application/json"}) as resp:
+            if resp.status_code >= 400:
+                await resp.aread()
+                err = self._fail(resp, path)
+                gen.error, gen.status = str(err), err.status
+                return
+            async for data in resp.aiter_bytes():
+                if feed.feed(data, time.perf_counter()):
+                    return
 
-async def _sse_events(resp: httpx.Response) -> AsyncIterator[dict[str, Any] | None]:
-    """Yield each `data:` JSON object; None for `[DONE]`."""
-    async for line in resp.aiter_lines():
-        if not line.startswith("data:"):
-            continue
-        payload = line[5:].strip()
-        if payload == "[DONE]":
-            yield None
+    async def _stream_aiohttp(self, path: str, payload: bytes, gen: Generation, feed: _SseFeed) -> None:
+        session = self._stream_session()
+        async with session.post(self.url + path, data=payload, headers={"content-type": "application/json"}) as resp:
+            if resp.status >= 400:
+                raw = await resp.read()
+                err = self._fail(httpx.Response(resp.status, content=raw), path)
+                gen.error, gen.status = str(err), err.status
+                return
+            done = False
+            async for data in resp.content.iter_any():
+                if not done:
+                    done = feed.feed(data, time.perf_counter())
+                # After [DONE], read on to the end of the body so the connection can be reused.
+
+
+class _SseFeed:
+    """Incremental SSE parser: bytes in, `data:` events applied to a Generation.
+
+    Each `data:` line is one JSON event; `[DONE]` marks the stream complete. Pieces of text are
+    collected in lists and joined once (string += per token is quadratic on long outputs)."""
+
+    __slots__ = ("_content", "_reasoning", "buf", "done", "gen")
+
+    def __init__(self, gen: Generation):
+        self.gen = gen
+        self.buf = b""
+        self.done = False
+        self._content: list[str] = []
+        self._reasoning: list[str] = []
+
+    def feed(self, data: bytes, now: float) -> bool:
+        """Take one network read that arrived at `now`; True once [DONE] was seen."""
+        if self.done:
+            return True
+        lines = (self.buf + data if self.buf else data).split(b"\n")
+        self.buf = lines.pop()
+        gen, loads = self.gen, orjson.loads
+        for line in lines:
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                gen.complete = self.done = True
+                self.buf = b""
+                return True
+            if payload:
+                _apply_event(gen, loads(payload), now, self._reasoning, self._content)
+        return False
+
+    def close(self) -> None:
+        self.gen.reasoning = "".join(self._reasoning)
+        self.gen.content = "".join(self._content)
+
+
+def _apply_event(gen: Generation, event: dict[str, Any], now: float, reasoning_parts: list[str],
+                 content_parts: list[str]) -> None:
+    choices = event.get("choices")
+    if not choices:
+        if "error" in event:
+            err = event["error"]
+            gen.error = str(err.get("message") if isinstance(err, dict) else err)
             return
-        if payload:
-            yield orjson.loads(payload)
-
-
-def _apply_event(gen: Generation, event: dict[str, Any], now: float) -> None:
-    if "error" in event and not event.get("choices"):
-        err = event["error"]
-        gen.error = str(err.get("message") if isinstance(err, dict) else err)
-        return
-    if event.get("usage"):
-        gen.usage = event["usage"]
-    if event.get("system_fingerprint"):
-        gen.system_fingerprint = event["system_fingerprint"]
-    for choice in event.get("choices") or []:
+        choices = ()
+    if usage := event.get("usage"):
+        gen.usage = usage
+    if fingerprint := event.get("system_fingerprint"):
+        gen.system_fingerprint = fingerprint
+    for choice in choices:
         delta = choice.get("delta")
         if delta is None:  # completions stream
             reasoning, content = "", choice.get("text") or ""
         else:
-            reasoning, content = _reasoning_of(delta), delta.get("content") or ""
+            # vLLM >= 0.17 sends `reasoning`; older servers and some proxies `reasoning_content`.
+            reasoning = delta.get("reasoning") or delta.get("reasoning_content") or ""
+            content = delta.get("content") or ""
         gen.chunks.append(Chunk(now, reasoning, content))
-        gen.reasoning += reasoning
-        gen.content += content
+        if reasoning:
+            reasoning_parts.append(reasoning)
+        if content:
+            content_parts.append(content)
         if choice.get("finish_reason"):
             gen.finish_reason = choice["finish_reason"]
