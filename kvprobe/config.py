@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlparse
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kvprobe.errors import ConfigError
 
@@ -98,24 +98,76 @@ class NeedleSettings(_Strict):
 
 
 class Slo(_Strict):
-    ttft_s: float | None = Field(None, gt=0)
-    tpot_s: float | None = Field(None, gt=0)
-    e2e_s: float | None = Field(None, gt=0)
+    """Per-request service-level objective for goodput; a request is good when it meets every set limit."""
+
+    ttft_s: float | None = Field(None, gt=0, description="time to first token (reasoning or content)")
+    tpot_s: float | None = Field(None, gt=0, description="time per output token after the first")
+    e2e_s: float | None = Field(None, gt=0, description="end-to-end request time")
+
+
+class LoadShape(_Strict):
+    """One load shape: unset fields take the [load] values. Several shapes show a load-shape
+    dependence (e.g. a KV dtype faster on short prompts and slower on long ones)."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    agents: list[int] | None = Field(None, min_length=1)
+    turns: int | None = Field(None, ge=1)
+    system_tokens: int | None = Field(None, ge=0)
+    tokens_per_turn: int | None = Field(None, ge=1)
+    max_output_tokens: int | None = Field(None, ge=1)
+
+    @field_validator("agents")
+    @classmethod
+    def _positive(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and min(value) < 1:
+            raise ValueError("agent counts must be >= 1")
+        return value
 
 
 class LoadSettings(_Strict):
-    agents: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16])
-    turns: int = Field(4, ge=1)
-    system_tokens: int = Field(512, ge=0)
-    tokens_per_turn: int = Field(256, ge=1)
+    """Concurrent multi-turn agents, streamed chat. Each agent's turn carries the shared system prompt,
+    the conversation so far and a new tool-output-like block of tokens_per_turn tokens plus a question;
+    the assistant turns in that history are fixed text, so every server gets byte-identical prompts."""
+
+    agents: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16], min_length=1,
+                              description="the sweep: concurrent agents per case")
+    turns: int = Field(4, ge=1, description="turns per conversation (the context grows each turn)")
+    system_tokens: int = Field(512, ge=0, description="shared system prompt")
+    tokens_per_turn: int = Field(256, ge=1, description="new tool-output tokens per turn")
     max_output_tokens: int = Field(64, ge=1)
-    requests_per_case: int | None = Field(None, ge=1, description="request budget per case")
-    duration_s: float | None = Field(None, gt=0, description="time budget per case")
-    repeats: int = Field(3, ge=1, description="interleaved repeats per case, for intervals")
-    mode: Literal["closed", "open"] = "closed"
+    ignore_eos: bool = Field(True, description="generate exactly max_output_tokens (vLLM's ignore_eos), "
+                             "so every server does the same work")
+    temperature: float = Field(0.0, ge=0)
+    shapes: list[LoadShape] = Field(default_factory=list,
+                                    description="several load shapes; default one shape from the fields above")
+    requests_per_case: int | None = Field(None, ge=1, description="request budget per case "
+                                          "(default: one conversation per agent)")
+    duration_s: float | None = Field(None, gt=0, description="time budget per case: agents start new "
+                                     "conversations until it is spent")
+    repeats: int = Field(3, ge=1, description="runs of each case per server, reference and candidates "
+                         "interleaved; >= 2 gives the speed ratios an interval")
+    mode: Literal["closed", "open"] = Field("closed", description="closed: an agent sends its next turn when "
+                                            "the last finished; open: Poisson arrivals at `rate`")
     rate: float | None = Field(None, gt=0, description="open loop: requests per second (Poisson)")
-    metrics_interval_s: float = Field(0.5, gt=0)
+    seed: int = Field(0, description="workload text and open-loop arrival times (not a sampling seed)")
+    metrics_interval_s: float = Field(0.5, gt=0, description="/metrics sampling period during a case")
+    request_overrides: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="server name -> JSON fields merged into that server's load requests. For fault "
+        "tests only: the servers then get different requests. Example: {seed = 1, temperature = 0.7} with "
+        "an uncached prompt over 2048 tokens kills a vLLM 0.32 CPU server (chunked prefill + seeded sampling)")
     slo: Slo = Field(default_factory=Slo)
+
+    @model_validator(mode="after")
+    def _open_needs_rate(self) -> LoadSettings:
+        if self.mode == "open" and self.rate is None:
+            raise ValueError("mode = \"open\" needs rate (requests per second)")
+        if min(self.agents) < 1:
+            raise ValueError("agent counts must be >= 1")
+        names = [s.name for s in self.shapes]
+        if len(set(names)) != len(names):
+            raise ValueError("shape names must be unique")
+        return self
 
 
 class Config(_Strict):

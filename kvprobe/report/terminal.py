@@ -45,3 +45,49 @@ def capacity_table(summary: dict[str, Any]) -> Table:
                       row.get("cache_dtype") or "-", tokens, _num(row.get("max_concurrency"), ".2f"),
                       "-" if ratio is None else f"{ratio:.2f}x")
     return table
+
+
+def _ms(seconds: Any) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:,.1f}"
+
+
+_OUTCOME_STYLE = {"pass": "green", "fail": "red", "inconclusive": "yellow"}
+
+
+def _ratio_cell(check: dict[str, Any] | None) -> str:
+    if not check or check.get("ratio") is None:
+        return "-"
+    iv = check.get("interval")
+    span = f" [{iv[0]:.2f}, {iv[1]:.2f}]" if iv else ""
+    style = _OUTCOME_STYLE.get(check["outcome"], "")
+    return f"{check['ratio']:.2f}x{span} [{style}]{check['outcome']}[/{style}]"
+
+
+def load_table(summary: dict[str, Any]) -> Table:
+    """One row per server and case (throughput is the mean over runs, p99s over all requests); for
+    candidates, ratios to the reference with their 95% intervals and outcome against the bars."""
+    table = Table(title="load: concurrent agents (streamed chat)", header_style="bold")
+    for col in ("server", "shape", "agents", "req", "err", "tok/s", "TTFT p99 ms", "ITL p99 ms", "E2E p99 ms",
+                "KV max", "preempt", "tok/s vs ref", "TTFT p99 vs ref", "E2E p99 vs ref"):
+        table.add_column(col, justify="left" if col in ("server", "shape") else "right")
+    ref = summary["reference"]
+    for name, server in summary["servers"].items():
+        comps = {(c["shape"], c["agents"]): c for c in summary.get("comparisons", {}).get(name, {}).get("cases", [])}
+        label = f"{name} (ref)" if name == ref else name
+        if server.get("broken"):
+            label += " [red]broken[/red]"
+        for case in server["cases"]:
+            comp = comps.get((case["shape"], case["agents"]))
+            kv = case.get("kv_usage_max")
+            table.add_row(
+                label, case["shape"], str(case["agents"]), str(case["requests"]),
+                f"[red]{case['errors']}[/red]" if case["errors"] else "0",
+                _num(case.get("output_tokens_per_s"), ",.0f"), _ms(case.get("ttft_p99_s")),
+                _ms(case.get("itl_p99_s")), _ms(case.get("e2e_p99_s")),
+                "-" if kv is None else f"{kv:.1%}", _num(case.get("preemptions")),
+                _ratio_cell(comp and comp["throughput"]), _ratio_cell(comp and comp["ttft_p99_s"]),
+                _ratio_cell(comp and comp["e2e_p99_s"]),
+            )
+        if not server["cases"]:
+            table.add_row(label, "-", "-", "0", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-")
+    return table

@@ -1,0 +1,206 @@
+"""Load arithmetic, pure functions: per-request rows, a run's summary, repeats combined, and the
+candidate-vs-reference speed comparison with bootstrap intervals and the bar rule.
+
+A request is `ok` (the server said it was done and sent no error), `incomplete` (a stream that
+started but was cut before [DONE]) or `error` (no stream: HTTP error, refused, timed out). Latency
+percentiles and throughput count only `ok` requests; the other two are counted apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from kvprobe.client import Generation
+from kvprobe.config import Bars, Slo
+from kvprobe.stats import Interval, Outcome, bar_outcome, bootstrap_ratio, percentiles
+
+Status = Literal["ok", "incomplete", "error"]
+
+# The p99 latencies a candidate is held to (p99_latency_rise_max), as load.json names them.
+P99_KEYS = (("ttft_p99_s", "TTFT p99"), ("itl_p99_s", "ITL p99"), ("e2e_p99_s", "E2E p99"))
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(float(x), 6)
+
+
+def status_of(gen: Generation) -> Status:
+    if gen.ok:
+        return "ok"
+    if gen.chunks and not gen.complete and gen.status is None:
+        return "incomplete"
+    return "error"
+
+
+def request_row(gen: Generation, t_case: float) -> dict[str, Any]:
+    """What one request measured (times in seconds; t0 relative to the case start)."""
+    usage = gen.usage or {}
+    token_chunks = sum(1 for c in gen.chunks if c.reasoning or c.content)
+    out = usage.get("completion_tokens")
+    ttft = gen.ttft
+    row: dict[str, Any] = {
+        "status": status_of(gen),
+        "t0": _r(gen.t_start - t_case),
+        "ttft": _r(ttft),
+        "itl": [_r(x) for x in gen.itl],
+        "e2e": _r(gen.e2e),
+        "prompt_tokens": usage.get("prompt_tokens"),
+        "output_tokens": out if out is not None else token_chunks,
+        "output_tokens_from_usage": out is not None,
+        "finish_reason": gen.finish_reason,
+        "error": gen.error,
+        "http_status": gen.status,
+    }
+    row["tpot"] = tpot(row)
+    return row
+
+
+def tpot(row: dict[str, Any]) -> float | None:
+    """Time per output token after the first: (E2E - TTFT) / (output tokens - 1)."""
+    n, ttft, e2e = row.get("output_tokens") or 0, row.get("ttft"), row.get("e2e")
+    if n < 2 or ttft is None or e2e is None:
+        return None
+    return _r((e2e - ttft) / (n - 1))
+
+
+def meets_slo(row: dict[str, Any], slo: Slo) -> bool:
+    """Every limit that is set is met (a missing measurement fails a set limit)."""
+    for limit, value in ((slo.ttft_s, row.get("ttft")), (slo.tpot_s, row.get("tpot")), (slo.e2e_s, row.get("e2e"))):
+        if limit is not None and (value is None or value > limit):
+            return False
+    return True
+
+
+def slo_set(slo: Slo) -> bool:
+    return any(v is not None for v in (slo.ttft_s, slo.tpot_s, slo.e2e_s))
+
+
+def _latencies(ok: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    return {
+        "ttft": percentiles([r["ttft"] for r in ok if r["ttft"] is not None]),
+        "itl": percentiles([x for r in ok for x in r["itl"]]),
+        "tpot": percentiles([r["tpot"] for r in ok if r["tpot"] is not None]),
+        "e2e": percentiles([r["e2e"] for r in ok if r["e2e"] is not None]),
+    }
+
+
+def summarize_run(rows: Sequence[dict[str, Any]], duration_s: float, slo: Slo) -> dict[str, Any]:
+    """One run of one case on one server. Throughputs are over the run's wall time (first request
+    sent to last request finished)."""
+    ok = [r for r in rows if r["status"] == "ok"]
+    duration = max(duration_s, 1e-9)
+    out_tokens = sum(int(r["output_tokens"] or 0) for r in ok)
+    lat = _latencies(ok)
+    good = sum(1 for r in ok if meets_slo(r, slo)) if slo_set(slo) else None
+    return {
+        "requests": len(rows),
+        "successes": len(ok),
+        "errors": len(rows) - len(ok),
+        "incomplete": sum(1 for r in rows if r["status"] == "incomplete"),
+        "duration_s": _r(duration_s),
+        "output_tokens": out_tokens,
+        "prompt_tokens": sum(int(r["prompt_tokens"] or 0) for r in ok),
+        "output_tokens_per_s": _r(out_tokens / duration),
+        "requests_per_s": _r(len(ok) / duration),
+        "goodput_requests_per_s": None if good is None else _r(good / duration),
+        "good_fraction": None if good is None or not rows else _r(good / len(rows)),
+        **{f"{name}_s": {k: _r(v) for k, v in pct.items()} for name, pct in lat.items()},
+        "ttft_p99_s": _r(lat["ttft"]["p99"]),
+        "itl_p99_s": _r(lat["itl"]["p99"]),
+        "e2e_p99_s": _r(lat["e2e"]["p99"]),
+        "tpot_p99_s": _r(lat["tpot"]["p99"]),
+    }
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return _r(sum(vals) / len(vals)) if vals else None
+
+
+def combine_repeats(runs: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]], slo: Slo) -> dict[str, Any]:
+    """A case over its repeats: counts summed, throughputs averaged over runs, latency percentiles
+    over every request of every run, and the per-run figures kept under "repeats" (the samples the
+    speed intervals are built from)."""
+    ok = [r for r in rows if r["status"] == "ok"]
+    lat = _latencies(ok)
+    goods = [r.get("goodput_requests_per_s") for r in runs]
+    metrics = [r.get("metrics") or {} for r in runs]
+    kv = [m.get("kv_usage_max") for m in metrics if m.get("kv_usage_max") is not None]
+    return {
+        "requests": sum(r["requests"] for r in runs),
+        "successes": sum(r["successes"] for r in runs),
+        "errors": sum(r["errors"] for r in runs),
+        "incomplete": sum(r["incomplete"] for r in runs),
+        "output_tokens_per_s": _mean(r["output_tokens_per_s"] for r in runs),
+        "requests_per_s": _mean(r["requests_per_s"] for r in runs),
+        "goodput_requests_per_s": None if not slo_set(slo) else _mean(goods),
+        "ttft_p99_s": _r(lat["ttft"]["p99"]),
+        "itl_p99_s": _r(lat["itl"]["p99"]),
+        "e2e_p99_s": _r(lat["e2e"]["p99"]),
+        **{f"{name}_s": {k: _r(v) for k, v in pct.items()} for name, pct in lat.items()},
+        "kv_usage_max": _r(max(kv)) if kv else None,
+        "preemptions": int(sum((m.get("deltas") or {}).get("preemptions", 0) for m in metrics)),
+        "running_max": max((m.get("running_max") or 0 for m in metrics), default=None),
+        "waiting_max": max((m.get("waiting_max") or 0 for m in metrics), default=None),
+        "prefix_cache_hit_rate": _mean(m.get("prefix_cache_hit_rate") for m in metrics),
+        "repeats": list(runs),
+    }
+
+
+def _ratio(ref: list[float], cand: list[float], resamples: int, seed: int) -> Interval | None:
+    ref = [x for x in ref if x is not None]
+    cand = [x for x in cand if x is not None]
+    if not ref or not cand or np.mean(ref) <= 0:
+        return None
+    if min(len(ref), len(cand)) < 2:  # one run each: no noise estimate, so no interval
+        point = float(np.mean(cand) / np.mean(ref))
+        return Interval(point, float("-inf"), float("inf"))
+    return bootstrap_ratio(ref, cand, resamples=resamples, seed=seed)
+
+
+def _check(iv: Interval | None, loss_of: Any, bar: float) -> dict[str, Any]:
+    if iv is None:
+        return {"ratio": None, "interval": None, "loss": None, "loss_interval": None, "outcome": "inconclusive",
+                "note": "not measured on both servers"}
+    a, b = loss_of(iv.lo), loss_of(iv.hi)
+    loss = Interval(loss_of(iv.estimate), min(a, b), max(a, b))
+    finite = np.isfinite([iv.lo, iv.hi]).all()
+    out = {"ratio": _r(iv.estimate), "interval": [_r(iv.lo), _r(iv.hi)] if finite else None,
+           "loss": _r(loss.estimate), "loss_interval": [_r(loss.lo), _r(loss.hi)] if finite else None,
+           "outcome": bar_outcome(loss, bar) if finite else "inconclusive"}
+    if not finite:
+        out["note"] = "one run each: no interval (set load.repeats >= 2)"
+    return out
+
+
+def compare_case(ref: dict[str, Any], cand: dict[str, Any], bars: Bars, *, resamples: int = 2000,
+                 seed: int = 0) -> dict[str, Any]:
+    """Candidate vs reference on one case: throughput drop and p99 rises, each an interval over the
+    runs (resampled independently: runs of two servers are not paired) against its bar; `fail` only
+    when the whole interval is past the bar, `inconclusive` when it straddles."""
+    def samples(case: dict[str, Any], key: str) -> list[float]:
+        return [r[key] for r in case.get("repeats") or [] if r.get(key) is not None]
+
+    out: dict[str, Any] = {
+        "throughput": _check(_ratio(samples(ref, "output_tokens_per_s"), samples(cand, "output_tokens_per_s"),
+                                    resamples, seed), lambda r: 1 - r, bars.throughput_drop_max)
+        | {"bar": "throughput_drop_max", "limit": bars.throughput_drop_max},
+    }
+    for key, _label in P99_KEYS:
+        out[key] = _check(_ratio(samples(ref, key), samples(cand, key), resamples, seed),
+                          lambda r: r - 1, bars.p99_latency_rise_max) \
+            | {"bar": "p99_latency_rise_max", "limit": bars.p99_latency_rise_max}
+    return out
+
+
+def worst(outcomes: Iterable[Outcome]) -> Outcome:
+    """fail beats inconclusive beats pass (an empty set is inconclusive: nothing was shown)."""
+    seen = set(outcomes)
+    if "fail" in seen:
+        return "fail"
+    if "inconclusive" in seen or not seen:
+        return "inconclusive"
+    return "pass"

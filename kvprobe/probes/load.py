@@ -1,0 +1,251 @@
+"""Load: at the concurrency the operator plans for, is the candidate as fast as the reference, at the
+tail too?
+
+Units are (server, shape, agents, repeat). They run one at a time (servers on one box share cores,
+so two cases at once would measure each other), reference and candidates interleaved and their
+order flipped every other case, so slow drift of the box hits every server alike. Each unit:
+reset the prefix cache where the server allows it, sample /metrics during the case, append every
+request to the events log, then a `load_case` event; a rerun into the same directory skips the
+units that have one. A server that dies mid-case is marked broken and keeps its finished units.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import secrets
+from collections import defaultdict
+from typing import Any
+
+import orjson
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from kvprobe.errors import ConfigError, KvprobeError, Unreachable
+from kvprobe.evaluation import EvalContext
+from kvprobe.loadgen import CaseRunner
+from kvprobe.loadstats import combine_repeats, compare_case, summarize_run, worst
+from kvprobe.report.terminal import load_table
+from kvprobe.sampler import MetricsSampler
+from kvprobe.workload import Shape, TextSource, case_nonce, measure_chars_per_token, shapes_of
+
+# Headroom for the chat template around the messages, in tokens.
+TEMPLATE_TOKENS = 64
+RESET_REFUSED = ("not offered: vLLM serves /reset_prefix_cache only with VLLM_SERVER_DEV_MODE=1; each case's "
+                 "prompts start with a fresh nonce instead, so they are uncached anyway")
+
+
+def settings_digest(ctx: EvalContext) -> str:
+    """What decides a unit's measurement; units recorded under another digest are not reused."""
+    data = ctx.config.load.model_dump(mode="json")
+    data.pop("metrics_interval_s", None)
+    return hashlib.sha256(orjson.dumps(data, option=orjson.OPT_SORT_KEYS)).hexdigest()[:12]
+
+
+def _check_fits(ctx: EvalContext, shapes: list[Shape], servers: list[str]) -> None:
+    limits = [ctx.inventories[s].max_model_len for s in servers if ctx.inventories[s].max_model_len]
+    if not limits:
+        return
+    limit = min(limits)
+    problems = []
+    for shape in shapes:
+        need = shape.max_prompt_tokens() + shape.max_output_tokens + TEMPLATE_TOKENS
+        if need > limit:
+            problems.append(f"servers.toml: load: shape {shape.name!r}: the last turn needs about {need} tokens "
+                            f"(system {shape.system_tokens} + {shape.turns} turns x {shape.tokens_per_turn} "
+                            f"+ replies), over max_model_len {limit}: lower turns, tokens_per_turn or system_tokens")
+    if problems:
+        raise ConfigError(problems)
+
+
+async def _chars_per_token(ctx: EvalContext, digest: str) -> float:
+    """Measured once per run on the reference's tokenizer and recorded, so a resumed run builds the
+    same prompts."""
+    for event in ctx.run.events("load_setup", digest=digest):
+        return float(event["chars_per_token"])
+    ref = ctx.reference
+    cpt = 4.0
+    if ctx.inventories[ref].has_tokenize:
+        cpt = await measure_chars_per_token(ctx.clients[ref])
+    ctx.run.event("load_setup", digest=digest, chars_per_token=cpt, run_nonce=secrets.token_hex(4))
+    return cpt
+
+
+def _run_nonce(ctx: EvalContext, digest: str) -> str:
+    for event in ctx.run.events("load_setup", digest=digest):
+        return str(event["run_nonce"])
+    raise RuntimeError("load_setup event missing")  # _chars_per_token always writes it first
+
+
+def _plan(shapes: list[Shape], repeats: int, servers: list[str]) -> list[tuple[Shape, int, int, list[str]]]:
+    """(shape, agents, repeat, server order): repeats outermost so runs of a case are spread in time;
+    the server order flips every other case."""
+    plan = []
+    k = 0
+    for repeat in range(repeats):
+        for shape in shapes:
+            for agents in shape.agents:
+                order = servers if k % 2 == 0 else list(reversed(servers))
+                plan.append((shape, agents, repeat, order))
+                k += 1
+    return plan
+
+
+class _Writer:
+    """Appends rows to the events log off the event loop: an fsync on the loop would stall every
+    other stream's timestamps."""
+
+    def __init__(self, ctx: EvalContext):
+        self.ctx = ctx
+        self.pending: list[asyncio.Future[Any]] = []
+
+    def event(self, kind: str, **fields: Any) -> None:
+        loop = asyncio.get_running_loop()
+        self.pending.append(loop.run_in_executor(None, lambda: self.ctx.run.event(kind, **fields)))
+
+    async def flush(self) -> None:
+        pending, self.pending = self.pending, []
+        await asyncio.gather(*pending)
+
+
+async def _reset_prefix_cache(ctx: EvalContext, name: str, notes: dict[str, str]) -> bool:
+    """False when the server is gone (then it is marked broken)."""
+    try:
+        done = await ctx.clients[name].reset_prefix_cache()
+    except Unreachable as exc:
+        ctx.mark_broken(name, str(exc))
+        return False
+    except KvprobeError as exc:
+        notes[name] = f"refused: {exc}"
+        return True
+    notes[name] = "reset before every case" if done else RESET_REFUSED
+    return True
+
+
+async def _run_unit(ctx: EvalContext, name: str, shape: Shape, agents: int, repeat: int, digest: str,
+                    source: TextSource, notes: dict[str, str], progress: Progress, task: Any) -> None:
+    settings = ctx.config.load
+    if not await _reset_prefix_cache(ctx, name, notes):
+        return
+    nonce = case_nonce(_run_nonce(ctx, digest), shape.name, agents, repeat)
+    unit = secrets.token_hex(6)
+    ids = {"server": name, "shape": shape.name, "agents": agents, "repeat": repeat, "unit": unit, "digest": digest}
+    writer = _Writer(ctx)
+    done = {"n": 0, "tokens": 0}
+    label = f"{name} · {shape.name} · {agents} agent{'s' if agents > 1 else ''} · run {repeat + 1}/{settings.repeats}"
+
+    def on_row(row: dict[str, Any]) -> None:
+        writer.event("load_request", **ids, **row)
+        done["n"] += 1
+        done["tokens"] += int(row["output_tokens"] or 0) if row["status"] == "ok" else 0
+        progress.update(task, description=f"{label} · {done['n']} req")
+
+    progress.update(task, description=label)
+    runner = CaseRunner(ctx.clients[name], settings, shape, agents, nonce, source,
+                        settings.request_overrides.get(name), on_row)
+    async with MetricsSampler(ctx.clients[name], settings.metrics_interval_s) as sampler:
+        outcome = await runner.run()
+    await writer.flush()
+    summary = summarize_run(outcome.rows, outcome.duration_s, settings.slo)
+    metrics = sampler.summary()
+    record = {**ids, **shape.describe(), "mode": settings.mode, "rate": settings.rate, "nonce": nonce,
+              "prefix_cache": notes.get(name), "summary": summary, "metrics": metrics}
+    if outcome.dead:
+        ctx.run.event("load_aborted", **record, error=outcome.dead)
+        ctx.mark_broken(name, outcome.dead)
+        return
+    ctx.run.event("load_case", **record)
+    progress.update(task, advance=1, description=f"{label} · {summary['output_tokens_per_s']:,.0f} tok/s")
+
+
+def _case_entry(shape_info: dict[str, Any], agents: int, events: list[dict[str, Any]],
+                rows: list[dict[str, Any]], ctx: EvalContext) -> dict[str, Any]:
+    runs = []
+    for e in sorted(events, key=lambda e: e["repeat"]):
+        metrics = {k: v for k, v in e["metrics"].items() if k != "samples"}
+        runs.append({"repeat": e["repeat"], **e["summary"], "kv_usage_max": metrics.get("kv_usage_max"),
+                     "preemptions": int((metrics.get("deltas") or {}).get("preemptions", 0)), "metrics": metrics})
+    settings = ctx.config.load
+    return {"agents": agents, **shape_info, "mode": settings.mode, "rate": settings.rate,
+            **combine_repeats(runs, rows, settings.slo)}
+
+
+def build_summary(ctx: EvalContext, digest: str, servers: list[str]) -> dict[str, Any]:
+    """load.json from the events log (so a resumed run summarises every finished unit)."""
+    cases = list(ctx.run.events("load_case", digest=digest))
+    units = {e["unit"] for e in cases}
+    rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in ctx.run.events("load_request", digest=digest):
+        if row["unit"] in units:
+            rows[row["unit"]].append(row)
+    grouped: dict[tuple[str, str, int], list[dict[str, Any]]] = defaultdict(list)
+    for e in cases:
+        grouped[(e["server"], e["shape"], e["agents"])].append(e)
+    shape_order = [s.name for s in shapes_of(ctx.config.load)]
+    names = list(servers) + sorted({e["server"] for e in cases} - set(servers))
+    out: dict[str, Any] = {"reference": ctx.reference, "servers": {}, "comparisons": {},
+                           "settings": ctx.config.load.model_dump(mode="json"), "digest": digest}
+    for name in names:
+        entries = []
+        keys = sorted((k for k in grouped if k[0] == name),
+                      key=lambda k: (shape_order.index(k[1]) if k[1] in shape_order else 99, k[2]))
+        for key in keys:
+            events = grouped[key]
+            first = events[0]
+            shape_info = {k: first[k] for k in ("shape", "turns", "system_tokens", "tokens_per_turn",
+                                               "max_output_tokens")}
+            case_rows = [r for e in events for r in rows[e["unit"]]]
+            entries.append(_case_entry(shape_info, key[2], events, case_rows, ctx))
+        prefix = next((e.get("prefix_cache") for e in reversed(cases) if e["server"] == name), None)
+        out["servers"][name] = {"cases": entries, "broken": ctx.broken.get(name), "prefix_cache": prefix}
+    ref_cases = {(c["shape"], c["agents"]): c for c in out["servers"].get(ctx.reference, {}).get("cases", [])}
+    for name in names:
+        if name == ctx.reference:
+            continue
+        comp_cases = []
+        for case in out["servers"][name]["cases"]:
+            ref = ref_cases.get((case["shape"], case["agents"]))
+            if ref is None:
+                continue
+            comp_cases.append({"shape": case["shape"], "agents": case["agents"],
+                               **compare_case(ref, case, ctx.config.bars)})
+        out["comparisons"][name] = {
+            "cases": comp_cases,
+            "throughput": worst(c["throughput"]["outcome"] for c in comp_cases),
+            "p99_latency": worst(c[k]["outcome"] for c in comp_cases for k in ("ttft_p99_s", "itl_p99_s",
+                                                                                 "e2e_p99_s")),
+        }
+    return out
+
+
+async def run(ctx: EvalContext) -> dict[str, Any]:
+    settings = ctx.config.load
+    shapes = shapes_of(settings)
+    servers = ctx.active()
+    digest = settings_digest(ctx)
+    _check_fits(ctx, shapes, servers)
+    for name in settings.request_overrides:
+        if name not in ctx.clients:
+            ctx.console.print(f"[yellow]warning:[/yellow] load.request_overrides names {name!r}, "
+                              f"which is not a server in servers.toml", highlight=False)
+    source = TextSource(await _chars_per_token(ctx, digest))
+    finished = {(e["server"], e["shape"], e["agents"], e["repeat"])
+                for e in ctx.run.events("load_case", digest=digest)}
+    plan = _plan(shapes, settings.repeats, servers)
+    notes: dict[str, str] = {}
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())
+    with Progress(*columns, console=ctx.console, refresh_per_second=4) as progress:
+        tasks = {name: progress.add_task(name, total=len(plan)) for name in servers}
+        for shape, agents, repeat, order in plan:
+            for name in order:
+                if name not in ctx.active():
+                    continue
+                if (name, shape.name, agents, repeat) in finished:
+                    progress.update(tasks[name], advance=1)
+                    continue
+                await _run_unit(ctx, name, shape, agents, repeat, digest, source, notes, progress, tasks[name])
+    summary = build_summary(ctx, digest, servers)
+    ctx.run.write_json("load.json", summary)
+    # Wide: 14 columns stay readable in a CI log, where the console is not a terminal.
+    ctx.console.print(load_table(summary), width=None if ctx.console.is_terminal else 200)
+    return summary

@@ -1,0 +1,319 @@
+"""Load probe, unit level: arithmetic on known inputs, timing from real SSE captures, incomplete
+streams, the probe's flow (resume, a server dying) on replayed real captures."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+from replay import MultiReplay, Replay, capture
+from rich.console import Console
+
+from kvprobe.client import Client
+from kvprobe.config import Bars, LoadSettings, Slo, parse_config
+from kvprobe.evaluation import run_eval
+from kvprobe.loadstats import combine_repeats, compare_case, request_row, summarize_run, worst
+from kvprobe.store import RunDir
+from kvprobe.workload import TextSource, conversation, request_body, shapes_of
+
+R1 = "reasoning-deepseek_r1-8104"
+
+
+def row(ttft: float, e2e: float, out: int, itl: list[float] | None = None, status: str = "ok") -> dict:
+    r = {"status": status, "ttft": ttft, "e2e": e2e, "output_tokens": out, "prompt_tokens": 100,
+         "itl": itl if itl is not None else [], "t0": 0.0}
+    r["tpot"] = (e2e - ttft) / (out - 1) if out > 1 else None
+    return r
+
+
+# -- arithmetic ---------------------------------------------------------------------------------
+
+def test_percentiles_throughput_and_goodput_on_known_inputs() -> None:
+    # TTFT 0.1 .. 1.0 s, E2E = TTFT + 1 s, 11 output tokens each -> TPOT 0.1 s
+    rows = [row(t / 10, t / 10 + 1.0, 11, itl=[0.1] * 10) for t in range(1, 11)]
+    s = summarize_run(rows, duration_s=5.0, slo=Slo(ttft_s=0.5, tpot_s=0.2))
+    assert s["requests"] == s["successes"] == 10 and s["errors"] == 0
+    assert s["output_tokens"] == 110 and s["output_tokens_per_s"] == pytest.approx(22.0)
+    assert s["requests_per_s"] == pytest.approx(2.0)
+    # linear interpolation over 0.1..1.0: p50 0.55, p90 0.91, p99 0.991
+    assert s["ttft_s"]["mean"] == pytest.approx(0.55)
+    assert s["ttft_s"]["p50"] == pytest.approx(0.55)
+    assert s["ttft_s"]["p90"] == pytest.approx(0.91)
+    assert s["ttft_p99_s"] == pytest.approx(0.991)
+    assert s["e2e_p99_s"] == pytest.approx(1.991)
+    assert s["tpot_s"]["p50"] == pytest.approx(0.1) and s["itl_p99_s"] == pytest.approx(0.1)
+    # goodput: TTFT <= 0.5 s (5 requests) and TPOT <= 0.2 s (all) -> 5 good over 5 s
+    assert s["goodput_requests_per_s"] == pytest.approx(1.0) and s["good_fraction"] == pytest.approx(0.5)
+    # a TPOT limit no request meets -> no goodput at all
+    assert summarize_run(rows, 5.0, Slo(tpot_s=0.05))["goodput_requests_per_s"] == 0.0
+    # no SLO set -> goodput not computed, not zero
+    assert summarize_run(rows, 5.0, Slo())["goodput_requests_per_s"] is None
+
+
+def test_failed_and_incomplete_requests_are_counted_apart_from_successes() -> None:
+    rows = [row(0.1, 1.0, 10), row(0.2, 2.0, 10),
+            row(0.3, 0.5, 3, status="incomplete"), row(None, 0.01, 0, status="error")]
+    s = summarize_run(rows, 2.0, Slo(e2e_s=1.5))
+    assert s["requests"] == 4 and s["successes"] == 2 and s["errors"] == 2 and s["incomplete"] == 1
+    assert s["output_tokens"] == 20  # only finished requests count
+    assert s["ttft_s"]["p50"] == pytest.approx(0.15)  # the incomplete one's 0.3 s is not a latency sample
+    assert s["goodput_requests_per_s"] == pytest.approx(0.5)  # one success under 1.5 s, over 2 s
+    assert s["good_fraction"] == pytest.approx(0.25)
+
+
+def test_repeats_combine_counts_and_pool_latencies() -> None:
+    runs_rows = [[row(0.1, 1.0, 10), row(0.3, 1.0, 10)], [row(0.2, 1.0, 10)]]
+    runs = [summarize_run(r, 1.0, Slo()) | {"metrics": {"kv_usage_max": kv, "deltas": {"preemptions": p}}}
+            for r, kv, p in zip(runs_rows, (0.2, 0.5), (1, 2), strict=True)]
+    case = combine_repeats(runs, [r for rs in runs_rows for r in rs], Slo())
+    assert case["requests"] == 3 and case["errors"] == 0
+    assert case["output_tokens_per_s"] == pytest.approx(15.0)  # mean of 20 and 10
+    assert case["ttft_s"]["p50"] == pytest.approx(0.2)  # pooled over both runs
+    assert case["kv_usage_max"] == 0.5 and case["preemptions"] == 3
+    assert [r["output_tokens_per_s"] for r in case["repeats"]] == [20.0, 10.0]
+
+
+def _case(tps: list[float], p99: list[float]) -> dict:
+    return {"repeats": [{"output_tokens_per_s": t, "ttft_p99_s": p, "itl_p99_s": p, "e2e_p99_s": p}
+                        for t, p in zip(tps, p99, strict=True)]}
+
+
+def test_speed_bars_fail_only_when_the_interval_clears_them() -> None:
+    bars = Bars(throughput_drop_max=0.05, p99_latency_rise_max=0.10)
+    ref = _case([100, 102, 98, 101], [1.0, 1.02, 0.98, 1.0])
+    slow = compare_case(ref, _case([60, 61, 59, 60], [2.0, 2.1, 1.9, 2.0]), bars)
+    assert slow["throughput"]["outcome"] == "fail" and slow["throughput"]["loss"] == pytest.approx(0.4, abs=0.01)
+    assert slow["throughput"]["loss_interval"][0] > 0.05
+    assert slow["ttft_p99_s"]["outcome"] == "fail" and slow["ttft_p99_s"]["ratio"] == pytest.approx(2.0, abs=0.01)
+    same = compare_case(ref, _case([101, 99, 100, 100], [1.0, 1.01, 0.99, 1.0]), bars)
+    assert same["throughput"]["outcome"] == "pass" and same["e2e_p99_s"]["outcome"] == "pass"
+    # +-30% run-to-run noise: the interval straddles the bar -> inconclusive, not fail
+    noisy = compare_case(ref, _case([70, 130, 95, 75], [1.3, 0.7, 1.2, 0.9]), bars)
+    assert noisy["throughput"]["outcome"] == "inconclusive"
+    lo, hi = noisy["throughput"]["loss_interval"]
+    assert lo < 0.05 < hi
+    # one run each: a ratio but no interval, so never pass or fail
+    single = compare_case(_case([100], [1.0]), _case([50], [2.0]), bars)
+    assert single["throughput"]["outcome"] == "inconclusive" and single["throughput"]["interval"] is None
+    assert single["throughput"]["ratio"] == pytest.approx(0.5)
+    assert worst(["pass", "inconclusive"]) == "inconclusive" and worst(["pass", "fail", "inconclusive"]) == "fail"
+    assert worst(["pass", "pass"]) == "pass" and worst([]) == "inconclusive"
+
+
+# -- timing from real streams -------------------------------------------------------------------
+
+def _paced_sse(body: bytes, first_delay: float, gap: float) -> httpx.MockTransport:
+    """Serve a real SSE capture event by event: the first event after first_delay, then one every gap."""
+    events = [e + b"\n\n" for e in body.split(b"\n\n") if e.strip()]
+
+    async def stream():
+        await asyncio.sleep(first_delay)
+        for i, event in enumerate(events):
+            if i:
+                await asyncio.sleep(gap)
+            yield event
+
+    return httpx.MockTransport(lambda r: httpx.Response(200, content=stream(),
+                                                        headers={"content-type": "text/event-stream"}))
+
+
+async def test_ttft_is_the_first_reasoning_chunk_of_a_real_stream() -> None:
+    body = capture(R1, "chat_stream")
+    first = json.loads(body.split(b"\n\n")[0][len("data: "):])
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}  # real: an empty role chunk first
+    second = json.loads(body.split(b"\n\n")[1][len("data: "):])
+    assert second["choices"][0]["delta"]["reasoning"] and "content" not in second["choices"][0]["delta"]
+    # the role chunk arrives at 50 ms, the first reasoning token 30 ms later, then one every 30 ms
+    client = Client("r1", "http://127.0.0.1:9", transport=_paced_sse(body, 0.05, 0.03))
+    async with client:
+        gen = await client.stream_chat({"messages": [{"role": "user", "content": "x"}], "max_tokens": 32})
+    r = request_row(gen, gen.t_start)
+    assert r["status"] == "ok" and gen.content == "" and len(gen.reasoning) > 0
+    assert r["ttft"] == pytest.approx(gen.chunks[1].t - gen.t_start, abs=1e-6)  # the reasoning chunk, not the role
+    assert 0.075 <= r["ttft"] < 0.2
+    assert r["output_tokens"] == 32 and r["output_tokens_from_usage"]  # from usage (include_usage)
+    assert len(r["itl"]) == 31 and min(r["itl"]) >= 0.025
+    assert r["tpot"] == pytest.approx((r["e2e"] - r["ttft"]) / 31, rel=1e-3)
+
+
+async def test_stream_cut_midway_counts_as_incomplete_not_success() -> None:
+    body = capture(R1, "chat_stream")
+    cut = body[: len(body) // 2].rsplit(b"\n\n", 1)[0] + b"\n\n"
+    transport = httpx.MockTransport(lambda r: httpx.Response(200, content=cut,
+                                                             headers={"content-type": "text/event-stream"}))
+    async with Client("r1", "http://127.0.0.1:9", transport=transport) as client:
+        gen = await client.stream_chat({"messages": []})
+    r = request_row(gen, gen.t_start)
+    assert r["status"] == "incomplete" and "before [DONE]" in r["error"]
+    assert r["ttft"] is not None  # it did stream: the partial timing is kept in the row
+    s = summarize_run([r, row(0.1, 1.0, 10)], 1.0, Slo())
+    assert s["successes"] == 1 and s["incomplete"] == 1 and s["errors"] == 1
+
+
+# -- the aiohttp stream path over a real socket -------------------------------------------------
+
+async def _raw_server(payload: bytes, close_after: int | None = None):
+    """A socket server that answers any request with the SSE payload in chunked encoding, or cuts
+    the connection after close_after bytes of it (no terminating chunk)."""
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                       if line.lower().startswith(b"content-length")), 0)
+        await reader.readexactly(length)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        # whole events, or a cut mid-event, as when the server process dies
+        pieces = ([e + b"\n\n" for e in payload.split(b"\n\n") if e] if close_after is None
+                  else [payload[:close_after]])
+        for piece in pieces:
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await writer.drain()
+        if close_after is None:
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0)
+
+
+async def test_aiohttp_stream_path_on_a_real_capture_and_a_cut() -> None:
+    body = capture(R1, "chat_stream")
+    server = await _raw_server(body)
+    port = server.sockets[0].getsockname()[1]
+    async with server, Client("r1", f"http://127.0.0.1:{port}") as client:
+        gen = await client.stream_chat({"messages": []})
+    assert gen.ok and gen.usage["completion_tokens"] == 32 and gen.finish_reason == "length"
+    via_httpx = Client("r1", "http://127.0.0.1:9", transport=_paced_sse(body, 0, 0))
+    async with via_httpx:
+        ref = await via_httpx.stream_chat({"messages": []})
+    assert gen.reasoning == ref.reasoning and len(gen.chunks) == len(ref.chunks)  # both paths parse alike
+
+    server = await _raw_server(body, close_after=len(body) // 2)
+    port = server.sockets[0].getsockname()[1]
+    async with server, Client("r1", f"http://127.0.0.1:{port}") as client:
+        gen = await client.stream_chat({"messages": []})
+    assert not gen.ok and gen.chunks and request_row(gen, gen.t_start)["status"] == "incomplete"
+    assert "stream cut" in gen.error or "before [DONE]" in gen.error
+
+
+# -- workload -----------------------------------------------------------------------------------
+
+def test_conversations_grow_and_are_identical_for_every_server() -> None:
+    settings = LoadSettings(turns=3, system_tokens=100, tokens_per_turn=50, max_output_tokens=20)
+    shape = shapes_of(settings)[0]
+    source = TextSource(4.0)
+    a = conversation(source, shape, "abc123", agent=1)
+    b = conversation(source, shape, "abc123", agent=1)
+    assert a == b  # same nonce, same agent: byte-identical prompts on every server
+    assert conversation(source, shape, "abc124", agent=1).system != a.system  # a new case is uncached
+    assert conversation(source, shape, "abc123", agent=2).system == a.system  # agents share the system prompt
+    bodies = [request_body(a, t, settings, shape) for t in range(3)]
+    assert [len(b["messages"]) for b in bodies] == [2, 4, 6]
+    assert bodies[2]["messages"][:4] == bodies[1]["messages"]  # the history is carried over verbatim
+    assert bodies[0]["max_tokens"] == 20 and bodies[0]["ignore_eos"] is True and bodies[0]["temperature"] == 0
+    wrapper = len("Tool output (agent 1, call 0.0):\n\n\nQuestion: what does this output say, in one sentence?")
+    assert len(a.users[0]) - wrapper == 50 * 4  # tokens_per_turn x chars per token
+    assert len(a.replies[0]) == 20 * 4  # the stand-in reply is the size of a real one
+    crash = request_body(a, 0, settings, shape, {"seed": 1, "temperature": 0.7})
+    assert crash["seed"] == 1 and crash["temperature"] == 0.7
+
+
+def test_shapes_take_load_values_unless_set() -> None:
+    settings = LoadSettings(agents=[1, 4], shapes=[{"name": "short"}, {"name": "long", "system_tokens": 7000,
+                                                                      "turns": 1, "agents": [2]}])
+    short, long = shapes_of(settings)
+    assert short.agents == (1, 4) and short.system_tokens == 512 and short.turns == 4
+    assert long.agents == (2,) and long.system_tokens == 7000 and long.turns == 1
+
+
+def test_open_loop_needs_a_rate() -> None:
+    from kvprobe.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="needs rate"):
+        parse_config({"server": [{"name": "a", "url": "http://x:1", "role": "reference"}], "load": {"mode": "open"}})
+
+
+# -- the probe on replayed real captures --------------------------------------------------------
+
+def _config(extra: dict | None = None):
+    load = {"agents": [1, 2], "turns": 2, "repeats": 2, "system_tokens": 64, "tokens_per_turn": 32,
+            "metrics_interval_s": 0.05} | (extra or {})
+    return parse_config({"server": [{"name": "auto", "url": "http://127.0.0.1:8101", "role": "reference"},
+                                    {"name": "fp8", "url": "http://127.0.0.1:8102"}], "load": load})
+
+
+def _chat_posts(replay: Replay) -> int:
+    return sum(1 for call in replay.calls if call == ("POST", "/v1/chat/completions"))
+
+
+async def test_probe_writes_load_json_and_resume_skips_finished_units(tmp_path: Path) -> None:
+    auto, fp8 = Replay("auto-8101"), Replay("fp8-8102")
+    multi = MultiReplay({"127.0.0.1:8101": auto, "127.0.0.1:8102": fp8})
+    run = RunDir.create(tmp_path / "run")
+    console = Console(file=io.StringIO(), width=200)
+    outcome = await run_eval(_config(), run, ["load"], console, transport=multi.transport())
+    assert outcome.exit_code == 0, outcome.messages
+    data = json.loads((run.path / "load.json").read_text())
+    assert data["reference"] == "auto"
+    for name in ("auto", "fp8"):
+        cases = data["servers"][name]["cases"]
+        assert [c["agents"] for c in cases] == [1, 2]
+        for case in cases:
+            keys = {"agents", "requests", "errors", "output_tokens_per_s", "ttft_p99_s", "itl_p99_s", "e2e_p99_s",
+                    "kv_usage_max", "preemptions"}
+            assert keys <= set(case)
+            assert case["requests"] == case["agents"] * 2 * 2 and case["errors"] == 0  # turns x repeats
+            assert case["output_tokens_per_s"] > 0 and len(case["repeats"]) == 2
+        assert "VLLM_SERVER_DEV_MODE=1" in data["servers"][name]["prefix_cache"]  # the replay has no reset
+    assert {c["agents"] for c in data["comparisons"]["fp8"]["cases"]} == {1, 2}
+    rows = list(run.events("load_request"))
+    assert len(rows) == 2 * (1 + 2) * 2 * 2 and all(r["status"] == "ok" for r in rows)
+    assert "load: concurrent agents" in console.file.getvalue()
+
+    # Interleaved: the servers alternate case by case, the order flipping every other case.
+    order = [(e["server"], e["agents"], e["repeat"]) for e in run.events("load_case")]
+    assert order[:4] == [("auto", 1, 0), ("fp8", 1, 0), ("fp8", 2, 0), ("auto", 2, 0)]
+
+    before = _chat_posts(auto) + _chat_posts(fp8)
+    again = await run_eval(_config(), RunDir.open(run.path), ["load"], console, transport=multi.transport())
+    assert again.exit_code == 0
+    assert _chat_posts(auto) + _chat_posts(fp8) == before  # every unit was already done
+    assert json.loads((run.path / "load.json").read_text())["servers"] == data["servers"]
+
+    # Other settings are another measurement: nothing is reused.
+    await run_eval(_config({"max_output_tokens": 8}), RunDir.open(run.path), ["load"], console,
+                   transport=multi.transport())
+    assert _chat_posts(auto) + _chat_posts(fp8) > before
+
+
+async def test_a_server_dying_under_load_is_marked_broken_and_the_others_go_on(tmp_path: Path) -> None:
+    auto, fp8 = Replay("auto-8101"), Replay("fp8-8102")
+    crash = capture("crash-seed-chunked-prefill", "response")  # the real 500 before the engine died
+    dead = {"yes": False}
+
+    def crash_chat(request: httpx.Request) -> httpx.Response:
+        dead["yes"] = True
+        return httpx.Response(500, content=crash, headers={"content-type": "application/json"})
+
+    def health(request: httpx.Request) -> httpx.Response:
+        if dead["yes"]:
+            raise httpx.ConnectError("All connection attempts failed", request=request)
+        return httpx.Response(200)
+
+    fp8.routes[("POST", "/v1/chat/completions")] = crash_chat
+    fp8.routes[("GET", "/health")] = health
+    multi = MultiReplay({"127.0.0.1:8101": auto, "127.0.0.1:8102": fp8})
+    run = RunDir.create(tmp_path / "run")
+    outcome = await run_eval(_config(), run, ["load"], Console(file=io.StringIO()), transport=multi.transport())
+    assert outcome.exit_code == 4  # a server broke during the run
+    assert "EngineCore encountered an issue" in outcome.ctx.broken["fp8"]
+    assert _chat_posts(fp8) == 1  # nothing more after it died
+    data = json.loads((run.path / "load.json").read_text())
+    assert data["servers"]["fp8"]["broken"] and data["servers"]["fp8"]["cases"] == []
+    assert [c["agents"] for c in data["servers"]["auto"]["cases"]] == [1, 2]  # the reference went on
+    assert all(c["errors"] == 0 for c in data["servers"]["auto"]["cases"])
+    aborted = list(run.events("load_aborted", server="fp8"))
+    assert len(aborted) == 1 and aborted[0]["summary"]["errors"] == 1
