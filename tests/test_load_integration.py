@@ -1,0 +1,127 @@
+"""The load probe against real vLLM CPU servers (needle-llama; auto / fp8 differ only in KV dtype),
+and a real server that dies under load."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kvprobe.cli import main
+from kvprobe.servers import LocalServer, ServerSpec, start
+from kvprobe.servers.launcher import free_port
+
+pytestmark = pytest.mark.integration
+
+
+def _toml(tmp_path: Path, servers: list[tuple[str, str]], load: str) -> Path:
+    text = ""
+    for i, (name, url) in enumerate(servers):
+        text += f'[[server]]\nname = "{name}"\nurl = "{url}"\nrole = "{"reference" if i == 0 else "candidate"}"\n\n'
+    path = tmp_path / "servers.toml"
+    path.write_text(text + load)
+    return path
+
+
+def _eval(cfg: Path, out: Path):
+    return CliRunner().invoke(main, ["eval", "--servers", str(cfg), "--probes", "load", "--out", str(out)],
+                              catch_exceptions=False)
+
+
+def test_small_sweep_on_auto_and_fp8(vllm_servers: dict[str, LocalServer], tmp_path: Path) -> None:
+    cfg = _toml(tmp_path, [("auto", vllm_servers["auto"].url), ("fp8", vllm_servers["fp8"].url)], """
+[load]
+agents = [1, 4]
+turns = 2
+system_tokens = 1024
+tokens_per_turn = 256
+max_output_tokens = 32
+repeats = 2
+metrics_interval_s = 0.1
+""")
+    out = tmp_path / "run"
+    result = _eval(cfg, out)
+    assert result.exit_code == 0, result.stderr
+    data = json.loads((out / "load.json").read_text())
+    for name in ("auto", "fp8"):
+        server = data["servers"][name]
+        assert server["broken"] is None
+        assert [c["agents"] for c in server["cases"]] == [1, 4]
+        for case in server["cases"]:
+            assert case["errors"] == 0 and case["requests"] == case["agents"] * 2 * 2
+            assert case["output_tokens_per_s"] > 0
+            assert 0 < case["ttft_p99_s"] <= case["e2e_p99_s"]
+            assert case["itl_p99_s"] is not None
+            # ignore_eos: every request generated exactly max_output_tokens, by the server's own count
+            assert all(r["output_tokens"] == 32 * r["successes"] for r in case["repeats"])
+            assert case["preemptions"] == 0  # 1 GiB of KV holds this load many times over
+        samples = [s for e in _events(out, "load_case", name) for s in e["metrics"]["samples"]]
+        assert samples and max(s["kv_usage"] for s in samples) > 0  # the server really held KV blocks
+        assert any(s["running"] for s in samples)
+    fp8 = data["comparisons"]["fp8"]
+    assert [c["agents"] for c in fp8["cases"]] == [1, 4]
+    for case in fp8["cases"]:
+        check = case["throughput"]
+        assert check["ratio"] > 0 and check["interval"][0] <= check["ratio"] <= check["interval"][1]
+        assert check["outcome"] in ("pass", "fail", "inconclusive")
+    rows = _events(out, "load_request", "fp8")
+    assert len(rows) == (1 + 4) * 2 * 2 and all(r["status"] == "ok" and r["ttft"] > 0 for r in rows)
+    assert all(len(r["itl"]) >= 1 for r in rows)
+    assert "load: concurrent agents" in result.stderr
+
+
+def _events(out: Path, kind: str, server: str) -> list[dict]:
+    rows = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["kind"] == kind and r.get("server") == server]
+
+
+@pytest.fixture
+def doomed_server() -> LocalServer:
+    """A server of our own (never the shared ones): the test kills it."""
+    server = start(ServerSpec(port=free_port(), kv_cache_dtype="auto"), reuse=False)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_a_server_dying_under_load_is_broken_and_the_others_go_on(vllm_servers: dict[str, LocalServer],
+                                                                   doomed_server: LocalServer,
+                                                                   tmp_path: Path) -> None:
+    # Only `doomed` gets seed + temperature > 0; with an uncached prompt over the 2048-token prefill
+    # chunk that kills a vLLM 0.32 CPU engine (tests/fixtures/vllm-cpu/crash-seed-chunked-prefill).
+    cfg = _toml(tmp_path, [("auto", vllm_servers["auto"].url), ("fp8", vllm_servers["fp8"].url),
+                           ("doomed", doomed_server.url)], """
+[load]
+agents = [1, 2]
+turns = 1
+system_tokens = 2600
+tokens_per_turn = 64
+max_output_tokens = 8
+repeats = 1
+
+[load.request_overrides.doomed]
+seed = 1
+temperature = 0.7
+""")
+    out = tmp_path / "run"
+    result = _eval(cfg, out)
+    assert result.exit_code == 4, result.stderr  # a server broke during the run
+    assert "doomed broke during the run" in result.stderr
+    data = json.loads((out / "load.json").read_text())
+    doomed = data["servers"]["doomed"]
+    assert "EngineCore encountered an issue" in doomed["broken"] or "500" in doomed["broken"]
+    assert doomed["cases"] == []
+    assert doomed["prefix_cache"] is None or "reset" in doomed["prefix_cache"]  # dev mode: reset offered
+    # the others measured every case, with no error
+    for name in ("auto", "fp8"):
+        assert [c["agents"] for c in data["servers"][name]["cases"]] == [1, 2]
+        assert all(c["errors"] == 0 and c["output_tokens_per_s"] > 0 for c in data["servers"][name]["cases"])
+    # it got exactly one load request: the one that killed it
+    assert len(_events(out, "load_request", "doomed")) <= 1
+    assert len(_events(out, "load_aborted", "doomed")) == 1
+    broken = _events(out, "broken", "doomed")
+    assert len(broken) == 1 and broken[0]["error"] == doomed["broken"]
+    assert not doomed_server.alive()
