@@ -4,10 +4,11 @@ Retries: only where a retry is safe. GETs and /tokenize are idempotent and retri
 errors and 502/503/504; generation requests are retried only when the connection was refused
 (the server never saw them), never after a 5xx, so a crash is reported, not hidden.
 
-Streams go through aiohttp (its C HTTP parser) unless a test transport is given: httpx parses
-HTTP in pure Python (h11), which made the client, not the server, the bottleneck at a few hundred
-streams (benchmarks/client_overhead.py). Both paths feed the same SSE parser, and every event of
-one network read gets that read's arrival time.
+Streams go through kvprobe.streaming (asyncio protocols + httptools' C parser) unless a test
+transport is given or a proxy applies: httpx parses HTTP in pure Python (h11), which made the
+client, not the server, the bottleneck at a few hundred streams (benchmarks/client_overhead.py).
+Both paths feed the same SSE parser, and every event of one network read gets that read's arrival
+time.
 """
 
 from __future__ import annotations
@@ -16,20 +17,22 @@ import asyncio
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
-import aiohttp
+import httptools
 import httpx
 import orjson
 
 from kvprobe.errors import AuthError, ServerError, Unreachable
+from kvprobe.streaming import StreamPool, proxied
 
 _RETRY_STATUS = {502, 503, 504}
 
 
-@dataclass(slots=True)
-class Chunk:
-    """One streamed event: monotonic arrival time and what it carried."""
+class Chunk(NamedTuple):
+    """One streamed event: monotonic arrival time and what it carried. A tuple, not a dataclass:
+    the garbage collector stops tracking tuples of floats and strings, so thousands of live streams
+    do not make every collection slower."""
 
     t: float
     reasoning: str = ""
@@ -125,13 +128,10 @@ class Client:
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
             transport=transport,
         )
-        # A test transport answers streams too; otherwise they use aiohttp (see the module doc).
-        self._fast_streams = transport is None
-        self._headers = hdrs
-        self._timeout_s = timeout_s
-        self._max_connections = max_connections
-        self._session: aiohttp.ClientSession | None = None
-        self._session_loop: asyncio.AbstractEventLoop | None = None
+        # A test transport answers streams too; otherwise they use the fast pool (see the module doc).
+        self._pool: StreamPool | None = None
+        if transport is None and not proxied(self.url):
+            self._pool = StreamPool(self.url, hdrs, max_connections=max_connections, timeout_s=timeout_s)
         self.model: str | None = None
 
     async def __aenter__(self) -> Client:
@@ -142,25 +142,8 @@ class Client:
 
     async def aclose(self) -> None:
         await self._http.aclose()
-        if self._session is not None and self._session_loop is asyncio.get_running_loop():
-            await self._session.close()
-        self._session = None
-
-    def _stream_session(self) -> aiohttp.ClientSession:
-        """The aiohttp session, made in (and bound to) the running loop on first use."""
-        loop = asyncio.get_running_loop()
-        if self._session is None or self._session_loop is not loop or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                headers=self._headers,
-                connector=aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0),
-                # Same as the httpx side: timeout_s to get a connection and between reads; 10 s to connect.
-                timeout=aiohttp.ClientTimeout(total=None, connect=self._timeout_s, sock_connect=10.0,
-                                              sock_read=self._timeout_s),
-                trust_env=True,  # proxies from the environment, as httpx does
-                auto_decompress=True,
-            )
-            self._session_loop = loop
-        return self._session
+        if self._pool is not None:
+            await self._pool.aclose()
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -329,13 +312,17 @@ class Client:
         gen = Generation(t_start=time.perf_counter())
         feed = _SseFeed(gen)
         try:
-            if self._fast_streams:
-                await self._stream_aiohttp(path, payload, gen, feed)
+            if self._pool is not None:
+                status, error_body = await self._pool.post(path, payload, feed.feed)
+                if status >= 400:
+                    err = self._fail(httpx.Response(status, content=error_body), path)
+                    gen.error, gen.status = str(err), err.status
             else:
                 await self._stream_httpx(path, payload, gen, feed)
-        except (httpx.TransportError, aiohttp.ClientError, TimeoutError) as exc:
-            gen.error = str(self._unreachable(exc, path)) if not gen.chunks else (
-                f"{self.name}: {path}: stream cut after {len(gen.chunks)} chunks ({type(exc).__name__})")
+        except (httpx.TransportError, OSError, TimeoutError, httptools.HttpParserError) as exc:
+            if not feed.done:  # after [DONE] the answer is whole, whatever happens to the connection
+                gen.error = str(self._unreachable(exc, path)) if not gen.chunks else (
+                    f"{self.name}: {path}: stream cut after {len(gen.chunks)} chunks ({type(exc).__name__})")
         finally:
             gen.t_end = time.perf_counter()
             feed.close()
@@ -354,21 +341,6 @@ class Client:
             async for data in resp.aiter_bytes():
                 if feed.feed(data, time.perf_counter()):
                     return
-
-    async def _stream_aiohttp(self, path: str, payload: bytes, gen: Generation, feed: _SseFeed) -> None:
-        session = self._stream_session()
-        async with session.post(self.url + path, data=payload, headers={"content-type": "application/json"}) as resp:
-            if resp.status >= 400:
-                raw = await resp.read()
-                err = self._fail(httpx.Response(resp.status, content=raw), path)
-                gen.error, gen.status = str(err), err.status
-                return
-            done = False
-            async for data in resp.content.iter_any():
-                if not done:
-                    done = feed.feed(data, time.perf_counter())
-                # After [DONE], read on to the end of the body so the connection can be reused.
-
 
 class _SseFeed:
     """Incremental SSE parser: bytes in, `data:` events applied to a Generation.

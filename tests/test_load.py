@@ -156,7 +156,7 @@ async def test_stream_cut_midway_counts_as_incomplete_not_success() -> None:
 
 # -- the aiohttp stream path over a real socket -------------------------------------------------
 
-async def _raw_server(payload: bytes, close_after: int | None = None):
+async def _raw_server(payload: bytes, close_after: int | None = None, stall: bool = False):
     """A socket server that answers any request with the SSE payload in chunked encoding, or cuts
     the connection after close_after bytes of it (no terminating chunk)."""
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -171,6 +171,8 @@ async def _raw_server(payload: bytes, close_after: int | None = None):
         for piece in pieces:
             writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
             await writer.drain()
+        if stall:  # alive but silent, like a hung engine
+            await asyncio.sleep(30)
         if close_after is None:
             writer.write(b"0\r\n\r\n")
             await writer.drain()
@@ -197,6 +199,14 @@ async def test_aiohttp_stream_path_on_a_real_capture_and_a_cut() -> None:
         gen = await client.stream_chat({"messages": []})
     assert not gen.ok and gen.chunks and request_row(gen, gen.t_start)["status"] == "incomplete"
     assert "stream cut" in gen.error or "before [DONE]" in gen.error
+
+    # A server that stops sending mid-stream: the idle timeout (timeout_s between reads) ends it.
+    server = await _raw_server(body, close_after=len(body) // 2, stall=True)
+    port = server.sockets[0].getsockname()[1]
+    async with server, Client("r1", f"http://127.0.0.1:{port}", timeout_s=0.3) as client:
+        gen = await client.stream_chat({"messages": []})
+    assert not gen.ok and gen.chunks and "TimeoutError" in gen.error
+    assert 0.3 <= gen.e2e < 2.0
 
 
 # -- workload -----------------------------------------------------------------------------------
