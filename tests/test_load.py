@@ -327,3 +327,27 @@ async def test_a_server_dying_under_load_is_marked_broken_and_the_others_go_on(t
     assert all(c["errors"] == 0 for c in data["servers"]["auto"]["cases"])
     aborted = list(run.events("load_aborted", server="fp8"))
     assert len(aborted) == 1 and aborted[0]["summary"]["errors"] == 1
+
+
+async def test_budgets_and_open_loop_poisson_arrivals(tmp_path: Path) -> None:
+    multi = MultiReplay({"127.0.0.1:8101": Replay("auto-8101"), "127.0.0.1:8102": Replay("fp8-8102")})
+    console = Console(file=io.StringIO())
+    # closed loop with a request budget: agents start new conversations until it is spent
+    run = RunDir.create(tmp_path / "closed")
+    await run_eval(_config({"agents": [2], "repeats": 1, "requests_per_case": 7}), run, ["load"], console,
+                   transport=multi.transport())
+    rows = list(run.events("load_request", server="auto"))
+    assert len(rows) == 7 and {r["conversation"] for r in rows} >= {0, 1}
+    # open loop: Poisson arrivals at 40/s, the same schedule on every server
+    run = RunDir.create(tmp_path / "open")
+    outcome = await run_eval(_config({"agents": [3], "repeats": 1, "mode": "open", "rate": 40.0}), run, ["load"],
+                             console, transport=multi.transport())
+    assert outcome.exit_code == 0
+    starts = {name: sorted(r["t0"] for r in run.events("load_request", server=name)) for name in ("auto", "fp8")}
+    assert len(starts["auto"]) == 3 * 2  # agents x turns, sent without waiting for answers
+    assert starts["auto"] == pytest.approx(starts["fp8"], abs=0.1)  # same seeded schedule (loose: a busy CI box)
+    gaps = [b - a for a, b in zip(starts["auto"], starts["auto"][1:], strict=False)]
+    assert len(set(round(g, 2) for g in gaps)) > 1  # exponential gaps, not a fixed period
+    assert 0.02 < starts["auto"][-1] < 1.5  # 5 gaps at a mean of 25 ms
+    data = json.loads((run.path / "load.json").read_text())
+    assert data["servers"]["fp8"]["cases"][0]["mode"] == "open" and data["servers"]["fp8"]["cases"][0]["rate"] == 40.0
