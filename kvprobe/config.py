@@ -146,6 +146,8 @@ class LoadSettings(_Strict):
                                      "conversations until it is spent")
     repeats: int = Field(3, ge=1, description="runs of each case per server, reference and candidates "
                          "interleaved; >= 2 gives the speed ratios an interval")
+    warmup: bool = Field(True, description="before measuring, one unrecorded case per shape and server "
+                         "(a cold server's first batches are several times slower)")
     mode: Literal["closed", "open"] = Field("closed", description="closed: an agent sends its next turn when "
                                             "the last finished; open: Poisson arrivals at `rate`")
     rate: float | None = Field(None, gt=0, description="open loop: requests per second (Poisson)")

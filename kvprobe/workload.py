@@ -75,14 +75,22 @@ class TextSource:
         return doubled[start:start + n]
 
 
-async def measure_chars_per_token(client: Any, text: str | None = None) -> float:
-    """Characters per token of the filler on this server's tokenizer (falls back to 4)."""
-    sample = (text if text is not None else filler_text())[:20000]
-    try:
-        tokens = await client.tokenize(prompt=sample, add_special_tokens=False)
-    except Exception:  # no /tokenize: an estimate, good enough to size prompts
-        return DEFAULT_CHARS_PER_TOKEN
-    return len(sample) / max(1, len(tokens))
+async def measure_chars_per_token(client: Any, text: str | None = None, samples: int = 6,
+                                  size: int = 6000) -> float:
+    """Characters per token of the filler on this server's tokenizer: the densest of a few samples
+    spread over the text, so a slice sized with it is at most (about) the tokens asked for and a
+    prompt sized to fit max_model_len does fit. Falls back to 4 without /tokenize."""
+    text = text if text is not None else filler_text()
+    step = max(1, (len(text) - size) // max(1, samples - 1))
+    ratios = []
+    for k in range(samples):
+        sample = text[k * step: k * step + size]
+        try:
+            tokens = await client.tokenize(prompt=sample, add_special_tokens=False)
+        except Exception:  # no /tokenize: an estimate, good enough to size prompts
+            return DEFAULT_CHARS_PER_TOKEN
+        ratios.append(len(sample) / max(1, len(tokens)))
+    return min(ratios)
 
 
 @dataclass

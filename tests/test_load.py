@@ -250,7 +250,7 @@ def test_open_loop_needs_a_rate() -> None:
 
 def _config(extra: dict | None = None):
     load = {"agents": [1, 2], "turns": 2, "repeats": 2, "system_tokens": 64, "tokens_per_turn": 32,
-            "metrics_interval_s": 0.05} | (extra or {})
+            "metrics_interval_s": 0.05, "warmup": False} | (extra or {})
     return parse_config({"server": [{"name": "auto", "url": "http://127.0.0.1:8101", "role": "reference"},
                                     {"name": "fp8", "url": "http://127.0.0.1:8102"}], "load": load})
 
@@ -264,8 +264,11 @@ async def test_probe_writes_load_json_and_resume_skips_finished_units(tmp_path: 
     multi = MultiReplay({"127.0.0.1:8101": auto, "127.0.0.1:8102": fp8})
     run = RunDir.create(tmp_path / "run")
     console = Console(file=io.StringIO(), width=200)
-    outcome = await run_eval(_config(), run, ["load"], console, transport=multi.transport())
+    outcome = await run_eval(_config({"warmup": True}), run, ["load"], console, transport=multi.transport())
     assert outcome.exit_code == 0, outcome.messages
+    warm = list(run.events("load_warmup"))
+    assert [(w["server"], w["agents"]) for w in warm] == [("auto", 2), ("fp8", 2)]  # largest sweep point, unrecorded
+    assert _chat_posts(auto) == 2 * 2 + (1 + 2) * 2 * 2  # warm-up (2 agents x 2 turns) + measured
     data = json.loads((run.path / "load.json").read_text())
     assert data["reference"] == "auto"
     for name in ("auto", "fp8"):
@@ -288,13 +291,14 @@ async def test_probe_writes_load_json_and_resume_skips_finished_units(tmp_path: 
     assert order[:4] == [("auto", 1, 0), ("fp8", 1, 0), ("fp8", 2, 0), ("auto", 2, 0)]
 
     before = _chat_posts(auto) + _chat_posts(fp8)
-    again = await run_eval(_config(), RunDir.open(run.path), ["load"], console, transport=multi.transport())
+    again = await run_eval(_config({"warmup": True}), RunDir.open(run.path), ["load"], console,
+                           transport=multi.transport())
     assert again.exit_code == 0
     assert _chat_posts(auto) + _chat_posts(fp8) == before  # every unit was already done
     assert json.loads((run.path / "load.json").read_text())["servers"] == data["servers"]
 
     # Other settings are another measurement: nothing is reused.
-    await run_eval(_config({"max_output_tokens": 8}), RunDir.open(run.path), ["load"], console,
+    await run_eval(_config({"warmup": True, "max_output_tokens": 8}), RunDir.open(run.path), ["load"], console,
                    transport=multi.transport())
     assert _chat_posts(auto) + _chat_posts(fp8) > before
 

@@ -70,6 +70,8 @@ metrics_interval_s = 0.1
     assert len(rows) == (1 + 4) * 2 * 2 and all(r["status"] == "ok" and r["ttft"] > 0 for r in rows)
     assert all(len(r["itl"]) >= 1 for r in rows)
     assert "load: concurrent agents" in result.stderr
+    assert {e["server"] for e in _events(out, "load_warmup", "auto") + _events(out, "load_warmup", "fp8")} \
+        == {"auto", "fp8"}
 
 
 def _events(out: Path, kind: str, server: str) -> list[dict]:
@@ -101,6 +103,7 @@ system_tokens = 2600
 tokens_per_turn = 64
 max_output_tokens = 8
 repeats = 1
+warmup = false  # the crash must happen in a measured case
 
 [load.request_overrides.doomed]
 seed = 1
@@ -114,14 +117,18 @@ temperature = 0.7
     doomed = data["servers"]["doomed"]
     assert "EngineCore encountered an issue" in doomed["broken"] or "500" in doomed["broken"]
     assert doomed["cases"] == []
-    assert doomed["prefix_cache"] is None or "reset" in doomed["prefix_cache"]  # dev mode: reset offered
     # the others measured every case, with no error
     for name in ("auto", "fp8"):
         assert [c["agents"] for c in data["servers"][name]["cases"]] == [1, 2]
         assert all(c["errors"] == 0 and c["output_tokens_per_s"] > 0 for c in data["servers"][name]["cases"])
     # it got exactly one load request: the one that killed it
     assert len(_events(out, "load_request", "doomed")) <= 1
-    assert len(_events(out, "load_aborted", "doomed")) == 1
+    aborted = _events(out, "load_aborted", "doomed")
+    assert len(aborted) == 1 and aborted[0]["summary"]["errors"] >= 1
+    assert aborted[0]["prefix_cache"] == "reset before every case"  # our server runs in dev mode
+    # the shared servers: reset when they run in dev mode (the launcher's default), said so when not
+    assert data["servers"]["auto"]["prefix_cache"] == "reset before every case" \
+        or "VLLM_SERVER_DEV_MODE=1" in data["servers"]["auto"]["prefix_cache"]
     broken = _events(out, "broken", "doomed")
     assert len(broken) == 1 and broken[0]["error"] == doomed["broken"]
     assert not doomed_server.alive()

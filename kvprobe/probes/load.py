@@ -15,9 +15,11 @@ import asyncio
 import hashlib
 import secrets
 from collections import defaultdict
+from dataclasses import replace
 from typing import Any
 
 import orjson
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from kvprobe.errors import ConfigError, KvprobeError, Unreachable
@@ -37,7 +39,8 @@ RESET_REFUSED = ("not offered: vLLM serves /reset_prefix_cache only with VLLM_SE
 def settings_digest(ctx: EvalContext) -> str:
     """What decides a unit's measurement; units recorded under another digest are not reused."""
     data = ctx.config.load.model_dump(mode="json")
-    data.pop("metrics_interval_s", None)
+    for key in ("metrics_interval_s", "warmup"):  # how we look, not what a unit measures
+        data.pop(key, None)
     return hashlib.sha256(orjson.dumps(data, option=orjson.OPT_SORT_KEYS)).hexdigest()[:12]
 
 
@@ -48,7 +51,8 @@ def _check_fits(ctx: EvalContext, shapes: list[Shape], servers: list[str]) -> No
     limit = min(limits)
     problems = []
     for shape in shapes:
-        need = shape.max_prompt_tokens() + shape.max_output_tokens + TEMPLATE_TOKENS
+        # 2% slack: slices are sized by the densest tokenization measured, which other text may exceed
+        need = int(shape.max_prompt_tokens() * 1.02) + shape.max_output_tokens + TEMPLATE_TOKENS
         if need > limit:
             problems.append(f"servers.toml: load: shape {shape.name!r}: the last turn needs about {need} tokens "
                             f"(system {shape.system_tokens} + {shape.turns} turns x {shape.tokens_per_turn} "
@@ -117,8 +121,29 @@ async def _reset_prefix_cache(ctx: EvalContext, name: str, notes: dict[str, str]
     except KvprobeError as exc:
         notes[name] = f"refused: {exc}"
         return True
+    if not done and name not in notes:
+        ctx.console.print(f"[yellow]note:[/yellow] {name}: prefix cache reset {RESET_REFUSED}", highlight=False)
     notes[name] = "reset before every case" if done else RESET_REFUSED
     return True
+
+
+async def _warm_up(ctx: EvalContext, name: str, shape: Shape, digest: str, source: TextSource,
+                   progress: Progress, task: Any) -> None:
+    """One unrecorded case at the shape's largest agent count (prompts of their own nonce, so the
+    measured ones stay uncached): a cold server's first batches are several times slower."""
+    settings = ctx.config.load
+    agents = max(shape.agents)
+    warm_shape = replace(shape, max_output_tokens=min(shape.max_output_tokens, 16))
+    nonce = case_nonce(_run_nonce(ctx, digest), f"warmup/{shape.name}", agents, -1)
+    progress.update(task, description=f"{name} · {shape.name} · warm-up ({agents} agents)")
+    runner = CaseRunner(ctx.clients[name], settings, warm_shape, agents, nonce, source,
+                        settings.request_overrides.get(name))
+    outcome = await runner.run()
+    errors = sum(1 for r in outcome.rows if r["status"] != "ok")
+    ctx.run.event("load_warmup", server=name, shape=shape.name, agents=agents, digest=digest,
+                  seconds=round(outcome.duration_s, 3), requests=len(outcome.rows), errors=errors)
+    if outcome.dead:
+        ctx.mark_broken(name, outcome.dead)
 
 
 async def _run_unit(ctx: EvalContext, name: str, shape: Shape, agents: int, repeat: int, digest: str,
@@ -236,6 +261,12 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
                TimeElapsedColumn())
     with Progress(*columns, console=ctx.console, refresh_per_second=4) as progress:
         tasks = {name: progress.add_task(name, total=len(plan)) for name in servers}
+        if settings.warmup:
+            for shape in shapes:
+                for name in servers:
+                    todo = [u for u in plan if u[0] == shape and (name, shape.name, u[1], u[2]) not in finished]
+                    if todo and name in ctx.active():
+                        await _warm_up(ctx, name, shape, digest, source, progress, tasks[name])
         for shape, agents, repeat, order in plan:
             for name in order:
                 if name not in ctx.active():
@@ -246,6 +277,7 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
                 await _run_unit(ctx, name, shape, agents, repeat, digest, source, notes, progress, tasks[name])
     summary = build_summary(ctx, digest, servers)
     ctx.run.write_json("load.json", summary)
-    # Wide: 14 columns stay readable in a CI log, where the console is not a terminal.
-    ctx.console.print(load_table(summary), width=None if ctx.console.is_terminal else 200)
+    # 14 columns: in a CI log (not a terminal) print wide rather than wrap every cell.
+    out = ctx.console if ctx.console.is_terminal else Console(file=ctx.console.file, width=200, no_color=True)
+    out.print(load_table(summary))
     return summary
