@@ -46,6 +46,7 @@ class _Conn(asyncio.Protocol):
         self.error_body: list[bytes] = []
         self.pending: list[bytes] = []
         self.complete = False
+        self.keep_alive = False
         self.got_bytes = False
         self.last = 0.0
         self.done: asyncio.Future[BaseException | None] | None = None
@@ -86,6 +87,8 @@ class _Conn(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self.complete = True
+        assert self.parser is not None
+        self.keep_alive = self.parser.should_keep_alive()  # llhttp forgets it once feed_data returns
 
     # ours
     def _finish(self, exc: BaseException | None) -> None:
@@ -94,7 +97,7 @@ class _Conn(asyncio.Protocol):
 
     def begin(self, request: bytes, sink: Sink) -> asyncio.Future[BaseException | None]:
         self.parser = httptools.HttpResponseParser(self)
-        self.status, self.complete, self.got_bytes = 0, False, False
+        self.status, self.complete, self.keep_alive, self.got_bytes = 0, False, False, False
         self.error_body, self.pending, self.sink = [], [], sink
         self.last = time.perf_counter()
         self.done = asyncio.get_running_loop().create_future()
@@ -103,8 +106,7 @@ class _Conn(asyncio.Protocol):
         return self.done
 
     def reusable(self) -> bool:
-        return (not self.closed and self.complete and self.parser is not None
-                and self.parser.should_keep_alive())
+        return not self.closed and self.complete and self.keep_alive
 
     def close(self) -> None:
         self.closed = True
@@ -158,11 +160,16 @@ class StreamPool:
         """Send one POST; body bytes of a 2xx/3xx answer go to `sink` as they arrive. Returns the
         status and, for >= 400, the error body. Raises OSError, TimeoutError or HttpParserError."""
         sem = self._bind_loop()
-        await asyncio.wait_for(sem.acquire(), self.timeout_s)
+        if sem.locked():  # all connections busy: wait for one, at most timeout_s (as httpx's pool timeout)
+            await asyncio.wait_for(sem.acquire(), self.timeout_s)
+        else:
+            await sem.acquire()
         try:
             request = self._request(path, payload)
             while True:
-                conn, reused = (self._idle.pop(), True) if self._idle else (await self._connect(), False)
+                conn, reused = self._idle_conn(), True
+                if conn is None:
+                    conn, reused = await self._connect(), False
                 try:
                     exc = await self._wait(conn, conn.begin(request, sink))
                 except BaseException:
@@ -180,6 +187,13 @@ class StreamPool:
                 return conn.status, b"".join(conn.error_body)
         finally:
             sem.release()
+
+    def _idle_conn(self) -> _Conn | None:
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.closed:
+                return conn
+        return None
 
     async def _wait(self, conn: _Conn, done: asyncio.Future[BaseException | None]) -> BaseException | None:
         """Wait for the response to end; TimeoutError after timeout_s without a byte. Reads only stamp
