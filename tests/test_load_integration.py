@@ -4,6 +4,7 @@ and a real server that dies under load."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from click.testing import CliRunner
 
 from kvprobe.cli import main
 from kvprobe.servers import LocalServer, ServerSpec, start
-from kvprobe.servers.launcher import free_port
+from kvprobe.servers.launcher import _healthy, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -131,4 +132,9 @@ temperature = 0.7
         or "VLLM_SERVER_DEV_MODE=1" in data["servers"]["auto"]["prefix_cache"]
     broken = _events(out, "broken", "doomed")
     assert len(broken) == 1 and broken[0]["error"] == doomed["broken"]
+    # really dead: the engine died, the API server stops answering and then exits
+    assert not _healthy(doomed_server.url)
+    deadline = time.monotonic() + 60
+    while doomed_server.alive() and time.monotonic() < deadline:
+        time.sleep(1)
     assert not doomed_server.alive()
