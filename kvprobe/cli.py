@@ -156,8 +156,8 @@ def _parse_bytes(text: str) -> int:
               help="SSM state dtype (auto: the model's default, float32 for NemotronH)")
 @click.option("--mamba-cache-dtype", default="auto", show_default=True,
               type=click.Choice(["auto", "float32", "float16", "bfloat16"]), help="conv state dtype")
-@click.option("--mamba-cache-mode", default="align", show_default=True, type=click.Choice(["align", "none"]),
-              help="align: prefix caching on (vLLM's default); none: off")
+@click.option("--mamba-cache-mode", default="auto", show_default=True, type=click.Choice(["auto", "align", "none"]),
+              help="align: prefix caching on; none: off; auto: vLLM's default (align for hybrids)")
 @click.option("--block-size", default=128, show_default=True, type=click.IntRange(min=1),
               help="vLLM --block-size (the CPU build's default is 128)")
 @click.option("--block-align", default=128, show_default=True, type=click.IntRange(min=1),
@@ -178,7 +178,8 @@ def memmap(config: Path, max_model_len: int | None, kv_dtypes: str, kv_memory: s
     try:
         settings = Settings(
             kv_memory_bytes=_parse_bytes(kv_memory), block_size=block_size, block_align=block_align,
-            mamba_cache_mode=mamba_cache_mode, mamba_cache_dtype=mamba_cache_dtype,
+            mamba_cache_mode=None if mamba_cache_mode == "auto" else mamba_cache_mode,
+            mamba_cache_dtype=mamba_cache_dtype,
             mamba_ssm_cache_dtype=mamba_ssm_dtype, max_num_batched_tokens=max_num_batched_tokens,
         )
         mm = build(config, [d.strip() for d in kv_dtypes.split(",") if d.strip()], max_model_len, settings)

@@ -42,7 +42,10 @@ class Settings:
     kv_memory_bytes: int = 1 << 30  # VLLM_CPU_KVCACHE_SPACE=1 / --kv-cache-memory-bytes
     block_size: int = 128  # --block-size; the CPU build's default
     block_align: int = 128  # hybrid alignment unit in tokens (measured on the CPU build: 128)
-    mamba_cache_mode: str = "align"  # "align" when prefix caching is on (vLLM's default), else "none"
+    # "align" when prefix caching is on, "none" when off; None: vLLM's default, which turns prefix
+    # caching on for generative hybrids and off for attention-free models (ModelConfig.
+    # is_prefix_caching_supported, MambaModelConfig.verify_and_update_config).
+    mamba_cache_mode: str | None = None
     mamba_cache_dtype: str = "auto"  # --mamba-cache-dtype: conv state (and SSM state when that is auto)
     mamba_ssm_cache_dtype: str = "auto"  # --mamba-ssm-cache-dtype; auto = the model's own default
     max_num_batched_tokens: int = 2048  # the CPU API server's default; sliding windows reserve for it
@@ -52,7 +55,7 @@ class Settings:
         for name in ("kv_memory_bytes", "block_size", "block_align", "max_num_batched_tokens", "concurrent_batches"):
             if getattr(self, name) <= 0:
                 raise ConfigError([f"{name.replace('_', '-')}: must be positive, got {getattr(self, name)}"])
-        if self.mamba_cache_mode not in ("align", "none"):
+        if self.mamba_cache_mode not in (None, "align", "none"):
             raise ConfigError([f"mamba-cache-mode {self.mamba_cache_mode!r}: choose align or none"])
 
 
@@ -214,9 +217,15 @@ def _group(pages: list[Page]) -> tuple[list[Page], list[list[int]]]:
     return pages, groups
 
 
-def _blocks_per_request(page: Page, max_model_len: int, settings: Settings) -> int:
+def mamba_cache_mode(model: ModelShape, settings: Settings) -> str:
+    if settings.mamba_cache_mode is not None:
+        return settings.mamba_cache_mode
+    return "align" if model.attention else "none"
+
+
+def _blocks_per_request(page: Page, max_model_len: int, settings: Settings, mode: str) -> int:
     if page.block_size is None:
-        if settings.mamba_cache_mode == "align":
+        if mode == "align":
             return 2 + page.checkpoint_blocks
         return 1
     if page.kind == SLIDING and page.window is not None:
@@ -237,13 +246,14 @@ def plan(model: ModelShape, kv_dtype: str, max_model_len: int, settings: Setting
     ]
     pages = _align_hybrid(model, pages, settings)
     pages, group_layers = _group(pages)
+    mode = mamba_cache_mode(model, settings)
 
     groups = []
     for layers in group_layers:
         first = pages[layers[0]]
         groups.append(Group(
             kind=first.kind, layers=layers,
-            blocks_per_request=max(_blocks_per_request(pages[i], max_model_len, settings) for i in layers),
+            blocks_per_request=max(_blocks_per_request(pages[i], max_model_len, settings, mode) for i in layers),
             bytes_per_block_used=sum(pages[i].page_bytes for i in layers),
             real_bytes_per_block=sum(pages[i].real_bytes for i in layers),
         ))

@@ -90,7 +90,9 @@ class MemoryMap:
         state_kinds = [k for k in STATE_KINDS if self.model.count(k)]
         if not state_kinds:
             kinds = [LABELS[k] for k in ATTENTION_KINDS if self.model.count(k)]
-            head = f"{' and '.join(kinds)} is all of each sequence's bytes at {L} tokens: KV dtype is the whole lever"
+            verb = "is" if len(kinds) == 1 else "together are"
+            head = f"{' and '.join(kinds)} {verb} all of each sequence's bytes at {L} tokens"
+            head += ": KV dtype is the whole lever"
             head = head[0].upper() + head[1:]
             if best:
                 return f"{head} ({best} gives {self.ratio(best):.2f}x the {self.reference} capacity)."
