@@ -70,3 +70,25 @@ def test_hybrid_prediction_matches_real_servers() -> None:
         assert plan.num_blocks == int(labels["num_gpu_blocks"])
         seen[dtype] = tokens
     assert seen["fp8"] / seen["auto"] == pytest.approx(mm.ratio("fp8"), rel=0.01)
+
+
+async def test_eval_capacity_carries_the_memory_map(vllm_servers, tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from kvprobe.config import parse_config
+    from kvprobe.evaluation import run_eval
+    from kvprobe.store import RunDir
+
+    config = parse_config({
+        "model_config": str(Path(NEEDLE_LLAMA) / "config.json"),
+        "server": [{"name": dtype, "url": server.url, "role": "reference" if dtype == "auto" else "candidate"}
+                   for dtype, server in vllm_servers.items()],
+    })
+    run = RunDir.create(tmp_path / "run")
+    outcome = await run_eval(config, run, ["capacity"], Console(stderr=True))
+    assert outcome.exit_code == 0
+    memmap = run.read_json("capacity.json")["memmap"]
+    for name, row in memmap["servers"].items():
+        assert row["measured_kv_cache_tokens"] == row["predicted_kv_cache_tokens"], name
+    assert memmap["explain"] == {}  # every candidate doubles capacity: nothing to explain
+    assert memmap["conclusion"].startswith("Full-attention KV is all of each sequence's bytes at 8,192 tokens")
