@@ -31,7 +31,11 @@ class MemoryMap:
         return [k for k in LAYER_KINDS if self.model.count(k)]
 
     def ratio(self, dtype: str) -> float:
-        return self.plans[dtype].kv_cache_tokens / self.plans[self.reference].kv_cache_tokens
+        """Capacity relative to the reference, as the servers' kv_cache_size_tokens would compare."""
+        ref = self.plans[self.reference]
+        if ref.kv_cache_tokens == 0:  # less than one token of capacity: compare the unrounded figure
+            return self.plans[dtype].max_concurrency / ref.max_concurrency
+        return self.plans[dtype].kv_cache_tokens / ref.kv_cache_tokens
 
     def bytes_per_sequence(self, dtype: str) -> dict[str, int]:
         allocated = self.plans[dtype].bytes_per_sequence

@@ -25,7 +25,8 @@ def dtype_table(mm: MemoryMap, dtype: str) -> Table:
     table = Table(title=f"--kv-cache-dtype {dtype}: one sequence of {mm.max_model_len:,} tokens "
                         f"({block}{pad}, {p.num_blocks:,} blocks of {human_bytes(p.bytes_per_block)})",
                   header_style="bold", title_justify="left")
-    for col in ("layer type", "layers", "bytes / token", "bytes / sequence", "of which padding", "share of pool"):
+    for col in ("layer type", "layers", "bytes / token (all its layers)", "bytes / sequence", "of which padding",
+                "share of pool"):
         table.add_column(col, justify="left" if col == "layer type" else "right")
     for kind in mm.kinds():
         n = mm.model.count(kind)
