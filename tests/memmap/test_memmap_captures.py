@@ -96,9 +96,10 @@ def test_hybrid_config_file_is_the_one_served() -> None:
 
 def test_the_alignment_unit_is_what_makes_the_measured_block_sizes() -> None:
     # The logs say 512 (auto) and 1,024 (fp8): a 128-token unit. A 16-token unit (FlashAttention's
-    # kernel block on GPU, with --block-size 16) would give 16 x cdiv(233,600, 16 x 512) = 464 and 912.
+    # kernel block on GPU, with --block-size 16) would give 16 x cdiv(233,600, 16 x 512) = 464 and
+    # 16 x cdiv(233,600, 16 x 256) = 928.
     gpu_like = Settings(block_size=16, block_align=16)
     mm = build(HYBRID / "config.json", ["auto", "fp8"], 8192, gpu_like)
-    assert [p.attention_block_size for p in mm.plans.values()] == [464, 912]
+    assert [p.attention_block_size for p in mm.plans.values()] == [464, 928]
     cpu = build(HYBRID / "config.json", ["auto", "fp8"], 8192)
     assert [p.attention_block_size for p in cpu.plans.values()] == [512, 1024]
