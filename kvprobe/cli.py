@@ -159,5 +159,81 @@ def demo(out: Path | None, probes: str | None, stop: bool) -> None:
             stop_all()
 
 
+def _parse_bytes(text: str) -> int:
+    """'1073741824', '1GiB', '512MiB', '8GB' -> bytes."""
+    units = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
+             "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4, "tb": 1000**4, "tib": 1024**4}
+    raw = text.strip().lower().replace("_", "").replace(",", "")
+    number = raw.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = raw[len(number):].strip()
+    try:
+        value = float(number) * units[unit]
+    except (ValueError, KeyError):
+        raise click.BadParameter(f"{text!r} is not a size like 1073741824, 1GiB or 512MiB") from None
+    if value < 1:
+        raise click.BadParameter(f"{text!r} must be positive")
+    return int(value)
+
+
+@main.command()
+@click.argument("config", type=click.Path(path_type=Path))
+@click.option("--max-model-len", type=click.IntRange(min=1), default=None,
+              help="tokens per request (default: the config's max_position_embeddings)")
+@click.option("--kv-dtype", "kv_dtypes", default="auto,fp8", show_default=True,
+              help="comma-separated --kv-cache-dtype values; the first is the reference")
+@click.option("--kv-memory", default="1GiB", show_default=True, help="KV cache memory (bytes, or 1GiB, 512MiB)")
+@click.option("--mamba-ssm-dtype", default="auto", show_default=True,
+              type=click.Choice(["auto", "float32", "float16", "bfloat16"]),
+              help="SSM state dtype (auto: the model's default, float32 for NemotronH)")
+@click.option("--mamba-cache-dtype", default="auto", show_default=True,
+              type=click.Choice(["auto", "float32", "float16", "bfloat16"]), help="conv state dtype")
+@click.option("--mamba-cache-mode", default="auto", show_default=True, type=click.Choice(["auto", "align", "none"]),
+              help="align: prefix caching on; none: off; auto: vLLM's default (align for hybrids)")
+@click.option("--block-size", default=128, show_default=True, type=click.IntRange(min=1),
+              help="vLLM --block-size (the CPU build's default is 128)")
+@click.option("--block-align", default=128, show_default=True, type=click.IntRange(min=1),
+              help="hybrid alignment unit in tokens (128 measured on the CPU build)")
+@click.option("--max-num-batched-tokens", default=2048, show_default=True, type=click.IntRange(min=1),
+              help="sliding-window layers reserve blocks for this many in-flight tokens")
+@click.option("--chart", type=click.Path(path_type=Path), default=None,
+              help="where to write the 'where the bytes are' PNG (default memmap.png; with --json only if given)")
+@click.option("--json", "as_json", is_flag=True, help="print JSON instead of tables")
+def memmap(config: Path, max_model_len: int | None, kv_dtypes: str, kv_memory: str, mamba_ssm_dtype: str,
+           mamba_cache_dtype: str, mamba_cache_mode: str, block_size: int, block_align: int,
+           max_num_batched_tokens: int, chart: Path | None, as_json: bool) -> None:
+    """Where the KV bytes are, and the most a KV dtype can free, predicted from a config.json."""
+    from kvprobe.memmap import Settings, build
+    from kvprobe.report.bytes_chart import bytes_chart
+    from kvprobe.report.memmap_table import dtype_table, summary_table
+
+    try:
+        settings = Settings(
+            kv_memory_bytes=_parse_bytes(kv_memory), block_size=block_size, block_align=block_align,
+            mamba_cache_mode=None if mamba_cache_mode == "auto" else mamba_cache_mode,
+            mamba_cache_dtype=mamba_cache_dtype,
+            mamba_ssm_cache_dtype=mamba_ssm_dtype, max_num_batched_tokens=max_num_batched_tokens,
+        )
+        mm = build(config, [d.strip() for d in kv_dtypes.split(",") if d.strip()], max_model_len, settings)
+    except click.BadParameter as exc:
+        _fail([f"--kv-memory: {exc.message}"])
+    except ConfigError as exc:
+        _fail(exc.problems)
+    if as_json:
+        click.echo(orjson.dumps(mm.to_json(), option=orjson.OPT_INDENT_2).decode())
+    else:
+        out_console.print(summary_table(mm))
+        for dtype in mm.plans:
+            out_console.print(dtype_table(mm, dtype))
+        for note in mm.model.notes:
+            err_console.print(f"[yellow]note:[/yellow] {note}", highlight=False)
+        out_console.print(mm.conclusion(), highlight=False, soft_wrap=True)
+    if chart is not None or not as_json:
+        try:
+            written = bytes_chart(mm, chart or Path("memmap.png"))
+        except OSError as exc:
+            _fail([f"--chart {chart or 'memmap.png'}: cannot write the chart: {exc.strerror}"])
+        err_console.print(f"chart: [bold]{written}[/bold]", highlight=False)
+
+
 if __name__ == "__main__":
     main()

@@ -17,10 +17,10 @@ from rich.console import Console
 from kvprobe import __version__
 from kvprobe.client import Client
 from kvprobe.config import Config
-from kvprobe.errors import EXIT_BROKEN, EXIT_CANNOT_RUN, EXIT_INVALID, EXIT_OK
+from kvprobe.errors import EXIT_BROKEN, EXIT_CANNOT_RUN, EXIT_INVALID, EXIT_OK, ConfigError
 from kvprobe.inventory import Inventory, take_inventories
 from kvprobe.pin import PinCheck, check_pin
-from kvprobe.probes.capacity import capacity_summary
+from kvprobe.probes.capacity import capacity_summary, memory_map_summary
 from kvprobe.store import RunDir, utc_now
 
 PROBE_ORDER = ("capacity", "perplexity", "agreement", "needle", "load")
@@ -82,7 +82,16 @@ def available_probes() -> list[str]:
 
 async def _capacity_probe(ctx: EvalContext) -> dict[str, Any]:
     summary = capacity_summary(ctx.reference, ctx.inventories, ctx.pin)
+    memmap: dict[str, Any] = {}
+    if ctx.config.model_config_path:
+        memmap = summary["memmap"] = memory_map_summary(
+            ctx.config.model_config_path, ctx.reference, ctx.inventories, ctx.config.bars.capacity_gain_min,
+            ctx.run.path / "memmap.png")
     ctx.run.write_json("capacity.json", summary)
+    if "error" in memmap:
+        raise ConfigError([memmap["error"]])
+    if memmap:
+        ctx.console.print(f"memory map: {memmap.get('conclusion') or memmap.get('skipped')}", highlight=False)
     return summary
 
 
