@@ -203,4 +203,7 @@ def load_config(path: str | Path) -> Config:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"{path}: not valid TOML: {exc}"]) from None
+    # Paths inside servers.toml are relative to the file, not to wherever kvprobe was started.
+    if isinstance(data.get("model_config"), str) and not Path(data["model_config"]).is_absolute():
+        data["model_config"] = str(path.parent / data["model_config"])
     return parse_config(data, str(path))
