@@ -87,6 +87,42 @@ async def tokens_per_word(encoder: Encoder, filler: Filler, sample_words: int = 
 Make = Callable[[int, int, int], str]  # (words, trimmed characters, shift) -> user message
 
 
+async def _bracket(count: Callable[[int], Awaitable[int]], target: int, guess: int, slope: float,
+                   tries: int = 30) -> tuple[int | None, int | None]:
+    """For a word count -> token count that grows with words: (largest words under the target,
+    smallest words over it) once they are adjacent, or (w, w) when w hits the target exactly.
+    Secant steps (filler density varies: tables cost far more tokens a word than prose), with
+    bisection when one side stops moving."""
+    under: tuple[int, int] | None = None
+    over: tuple[int, int] | None = None
+    words, previous, last_side, stalls = max(0, guess), None, None, 0
+    for _ in range(tries):
+        n = await count(words)
+        if n == target:
+            return words, words
+        side = n < target
+        if side and (under is None or words > under[0]):
+            under = (words, n)
+        if not side and (over is None or words < over[0]):
+            over = (words, n)
+        if over is not None and (over[0] == 0 or (under is not None and over[0] - under[0] <= 1)):
+            break
+        stalls = stalls + 1 if side == last_side else 0
+        last_side = side
+        if previous is not None and previous[0] != words and previous[1] != n:
+            slope = max(0.05, (n - previous[1]) / (words - previous[0]))
+        previous = (words, n)
+        if under is not None and over is not None:
+            if stalls >= 2:
+                step_to = (under[0] + over[0]) // 2
+            else:
+                step_to = under[0] + round((target - under[1]) * (over[0] - under[0]) / (over[1] - under[1]))
+            words = min(max(step_to, under[0] + 1), over[0] - 1)
+        else:
+            words = max(0, words + (round((target - n) / slope) or (1 if side else -1)))
+    return (under[0] if under else None), (over[0] if over else None)
+
+
 async def _fit(counter: _Counter, make: Make, target: int, guess: int, tpw: float,
                edge_len: Callable[[int, int], int]) -> tuple[str, int]:
     """Find (words, trim, shift) whose message counts exactly `target` tokens; on a spent budget,
@@ -103,60 +139,34 @@ async def _fit(counter: _Counter, make: Make, target: int, guess: int, tpw: floa
         return n
 
     for shift in range(4):
-        # Bracket: the largest word count under the target and the smallest over it.
-        under, over = -1, None
-        words = max(0, guess)
-        for _ in range(12):
-            n = await measure(words, 0, shift)
-            if n == target:
-                return best[1], best[2]  # type: ignore[index]
-            if n < target:
-                under = max(under, words)
-            else:
-                over = words if over is None else min(over, words)
-            if over is not None and over == under + 1:
-                break
-            if over == 0:
-                break
-            step = round((target - n) / tpw) or (1 if n < target else -1)
-            words = words + step
-            if words <= under:
-                words = under + 1
-            if over is not None and words >= over:
-                words = over - 1
-            if counter.spent:
-                return best[1], best[2]  # type: ignore[index]
-        if over is None or over == 0:
-            break  # even no filler at all is over the target: nothing to trim
-        # Trim the outermost word of the smallest over-target run, one character at a time.
-        for trim in range(1, edge_len(over, shift) + 1):
-            n = await measure(over, trim, shift)
-            if n == target:
-                return best[1], best[2]  # type: ignore[index]
-            if n < target or counter.spent:
-                break
-        if counter.spent:
+        under, over = await _bracket(lambda w, s=shift: measure(w, 0, s), target, guess, tpw)
+        if over is not None and over == under:
+            break  # exact
+        if over is None or over == 0 or counter.spent:
+            break  # unreachable, or even no filler at all is over the target: nothing to trim
+        # Keep only part of the outermost word of the smallest over-target run (search on how many
+        # of its characters stay: long runs of punctuation can be dozens of tokens).
+        edge = edge_len(over, shift)
+        await _bracket(lambda k, s=shift, w=over, e=edge: measure(w, max(0, e - k), s), target, edge // 2,
+                       max(0.05, (await measure(over, 0, shift) - await measure(under or 0, 0, shift)) / edge))
+        if best[2] == target or counter.spent:  # type: ignore[index]
             break
-        guess = over
+        guess = over  # a byte-pair merge jumped over the target: try a run shifted by a word
     return best[1], best[2]  # type: ignore[index]
 
 
 async def _size_head(head_tokens: Callable[[str], Awaitable[int]], filler: Filler, start: int, want: int,
                      tpw: float) -> int:
-    """The number of head words whose tokens come closest to `want`. Steps use the head's own
-    tokens per word (tables and code cost far more than prose), then walk one word at a time."""
-    tried: dict[int, int] = {}
-    words = max(1, round(want / tpw))
-    for _ in range(16):
-        got = tried[words] = await head_tokens(filler.text(start, words))
-        if got == want:
-            return words
-        step = round(words * want / got) - words if got > 0 else words + 1
-        step = step or (1 if got < want else -1)
-        words = max(0, words + step)
-        if words in tried:
-            break
-    return min(tried, key=lambda w: (abs(tried[w] - want), w))
+    """The number of head words whose tokens come closest to `want`."""
+    async def count(words: int) -> int:
+        return await head_tokens(filler.text(start, words))
+
+    under, over = await _bracket(count, want, max(1, round(want / tpw)), tpw)
+    options = [w for w in (under, over) if w is not None]
+    if not options:
+        return 0
+    distances = {w: abs(await count(w) - want) for w in options}
+    return min(options, key=lambda w: (distances[w], w))
 
 
 async def place(

@@ -90,7 +90,7 @@ def _record(ctx: EvalContext, server: str, plan_id: str, case: dict[str, Any], g
         EVENT, server=server, plan=plan_id, id=case["id"], status=status, found_in=where,
         # the server's own count of what it was sent, when it says; else the planned count
         length_tokens=prompt_tokens if prompt_tokens is not None else case["length_tokens"],
-        approximate=prompt_tokens is None and case["approximate"],
+        approximate=case["approximate"],  # placed with an estimate, not a server tokenizer
         planned_length_tokens=case["length_tokens"], depth_tokens=case["depth_tokens"],
         target_length=case["target_length"], target_depth=case["target_depth"], template=case["template"],
         value=case["value"], finish_reason=gen.finish_reason, prompt_tokens=prompt_tokens,
