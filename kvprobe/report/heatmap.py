@@ -18,20 +18,20 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 # Per server: worst first, so a cell holding several cases shows its worst outcome.
-STATUS_STYLE: dict[str, tuple[str, str]] = {
-    "error": ("#525252", "error"),
-    "miss": ("#d62728", "miss"),
-    "truncated": ("#ff9f1c", "truncated"),
-    "hit": ("#2ca02c", "hit"),
+STATUS_STYLE: dict[str, tuple[str, str, str]] = {  # colour, legend, cell label
+    "error": ("#525252", "error", "error"),
+    "miss": ("#d62728", "miss", "miss"),
+    "truncated": ("#ff9f1c", "truncated", "trunc."),
+    "hit": ("#2ca02c", "hit", "hit"),
 }
 # Candidate vs reference on the same case, worst first.
-PAIRED_STYLE: dict[str, tuple[str, str]] = {
-    "lost": ("#d62728", "reference hit, candidate miss"),
-    "lost_truncated": ("#ff9f1c", "reference hit, candidate truncated"),
-    "error": ("#525252", "error on either side"),
-    "gained": ("#1f77b4", "reference missed, candidate hit"),
-    "both_not_hit": ("#bdbdbd", "neither hit"),
-    "both_hit": ("#b8e2b0", "both hit"),
+PAIRED_STYLE: dict[str, tuple[str, str, str]] = {
+    "lost": ("#d62728", "reference hit, candidate miss", "lost"),
+    "lost_truncated": ("#ff9f1c", "reference hit, candidate truncated", "lost (trunc.)"),
+    "error": ("#525252", "error on either side", "error"),
+    "gained": ("#1f77b4", "reference missed, candidate hit", "gained"),
+    "both_not_hit": ("#bdbdbd", "neither hit", "neither"),
+    "both_hit": ("#b8e2b0", "both hit", "both hit"),
 }
 _EMPTY = "#ffffff"
 
@@ -42,7 +42,7 @@ def _axes_values(cases: Iterable[dict[str, Any]]) -> tuple[list[int], list[float
 
 
 def _draw(cells: dict[tuple[int, float], list[str]], lengths: Sequence[int], depths: Sequence[float],
-          style: dict[str, tuple[str, str]], title: str, path: Path) -> Path:
+          style: dict[str, tuple[str, str, str]], title: str, path: Path) -> Path:
     order = list(style)
     codes = [[-1] * len(depths) for _ in lengths]
     labels = [[""] * len(depths) for _ in lengths]
@@ -50,8 +50,8 @@ def _draw(cells: dict[tuple[int, float], list[str]], lengths: Sequence[int], dep
         row, col = lengths.index(length), depths.index(depth)
         worst = min(kinds, key=order.index)
         codes[row][col] = order.index(worst)
-        # several cases in a cell: say how many of them are the worst kind
-        labels[row][col] = f"{kinds.count(worst)}/{len(kinds)}" if len(kinds) > 1 else ""
+        # a text label too, so the map reads without colour; several cases: how many are the worst
+        labels[row][col] = style[worst][2] + (f" {kinds.count(worst)}/{len(kinds)}" if len(kinds) > 1 else "")
     cmap = ListedColormap([_EMPTY] + [style[k][0] for k in order])
     norm = BoundaryNorm([i - 0.5 for i in range(-1, len(order) + 1)], cmap.N)
 
@@ -71,7 +71,8 @@ def _draw(cells: dict[tuple[int, float], list[str]], lengths: Sequence[int], dep
     for row, line in enumerate(labels):
         for col, text in enumerate(line):
             if text:
-                ax.text(col, row, text, ha="center", va="center", fontsize=8, color="black")
+                dark = codes[row][col] >= 0 and order[codes[row][col]] in ("error", "miss", "lost", "gained")
+                ax.text(col, row, text, ha="center", va="center", fontsize=8, color="white" if dark else "black")
     present = sorted({min(k, key=order.index) for k in cells.values()}, key=order.index)
     ax.legend(handles=[Patch(color=style[k][0], label=style[k][1]) for k in present],
               loc="upper center", bbox_to_anchor=(0.5, -0.18 - 0.02 * len(depths) / 5), ncol=2, fontsize=8,
