@@ -41,10 +41,11 @@ def prompt_room(settings: NeedleSettings, max_model_lens: dict[str, int | None])
                            f"prompt within max_model_len {limit} of server {tightest!r}: lower needle.max_tokens"])
     too_long = [n for n in settings.lengths or [] if n > room]
     if too_long:
+        n, also = too_long[-1], ", ".join(map(str, too_long[:-1]))
         raise ConfigError([
             f"needle.lengths: {n} tokens + max_tokens {settings.max_tokens} = {n + settings.max_tokens} is over "
-            f"max_model_len {limit} of server {tightest!r}: the longest prompt that fits is {room} tokens"
-            for n in too_long])
+            f"max_model_len {limit} of server {tightest!r}{f' (so is {also})' if also else ''}: the longest prompt "
+            f"that fits is {room} tokens"])
     return room
 
 

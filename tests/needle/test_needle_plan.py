@@ -114,3 +114,11 @@ def test_fingerprint_changes_with_what_shapes_the_cases() -> None:
     assert base != fingerprint(NeedleSettings(seed=1), [1024], [0.5], "auto", "/m")
     assert base != fingerprint(s, [2048], [0.5], "auto", "/m")
     assert base != fingerprint(s, [1024], [0.5], "tiktoken:cl100k_base", "/m")
+
+
+def test_several_lengths_over_the_limit_make_one_line() -> None:
+    with pytest.raises(ConfigError) as err:
+        prompt_room(NeedleSettings(lengths=[1024, 7500, 9000]), {"auto": 8192})
+    assert err.value.problems == [
+        "needle.lengths: 9000 tokens + max_tokens 1024 = 10024 is over max_model_len 8192 of server 'auto' "
+        "(so is 7500): the longest prompt that fits is 7168 tokens"]
