@@ -193,7 +193,7 @@ def verify(message: bytes, armored: str, allowed: list[AllowedSigner], *, namesp
         who = f" as {principal!r}" if principal else ""
         raise SignatureError(f"signed by {sig.fingerprint}, which {allowed_source} does not allow{who} for "
                              f"namespace {namespace!r}: the signer is not trusted")
-    principals = sorted({p for a in matches for p in a.principals})
+    principals = [principal] if principal else sorted({p for a in matches for p in a.principals})
     return Signer(sig.fingerprint, principals)
 
 
@@ -328,6 +328,8 @@ def _parse_private(data: bytes, source: str) -> Ed25519PrivateKey:
     except TypeError:
         raise ConfigError([f"{source}: the key is passphrase-protected: set {PASSPHRASE_ENV}"]) from None
     except ValueError as exc:
+        if passphrase and "checksum" in str(exc):
+            raise ConfigError([f"{source}: wrong passphrase in {PASSPHRASE_ENV}"]) from None
         raise ConfigError([f"{source}: not an OpenSSH private key ({exc}); make one with "
                            "`ssh-keygen -t ed25519 -f PATH`"]) from None
     if not isinstance(key, Ed25519PrivateKey):
