@@ -52,7 +52,8 @@ def read_agreement(data: dict[str, Any]) -> dict[str, Any]:
     return {"servers": {name: _scalars(row) for name, row in _servers_of(data).items()}}
 
 
-_CASE_KEYS = ("id", "server", "status", "length_tokens", "depth_tokens", "found_in", "approximate")
+_CASE_KEYS = ("id", "server", "status", "target_length", "target_depth", "length_tokens", "depth_tokens", "found_in",
+              "approximate")
 
 
 def read_needle(data: dict[str, Any]) -> dict[str, Any]:

@@ -39,7 +39,6 @@ DECISIONS = ("invalid", "broken", "reject", "no_gain", "inconclusive", "adopt")
 INPUT_KEYS = ("reference", "order", "bars", "servers", "pin", "broken", "probes", "probes_status")
 DERIVED_KEYS = ("decisions", "recommendation", "exit_code")
 LATENCY_P99 = (("ttft_p99_s", "TTFT p99"), ("itl_p99_s", "ITL p99"), ("e2e_p99_s", "E2E p99"))
-NEEDLE_SCORED = ("hit", "miss", "truncated")
 
 
 # -- formatting (deterministic: reasons are part of the signed bytes) ----------------------------
@@ -96,6 +95,9 @@ def perplexity_check(inputs: dict[str, Any], cand: str, bars: Bars) -> dict[str,
 
 
 def _needle_pairs(cases: list[dict[str, Any]], ref: str, cand: str) -> tuple[list[int], list[int], dict[str, int]]:
+    """Hit (1) / miss (0) on the cases both servers answered. A truncated answer (the cap cut it
+    before any value) is not a retrieval failure and an error is not an answer: both are counted
+    beside the comparison, not in it (the needle probe's own definition of recall)."""
     by_server: dict[str, dict[Any, str]] = defaultdict(dict)
     for case in cases:
         by_server[case["server"]][case.get("id")] = case["status"]
@@ -104,20 +106,21 @@ def _needle_pairs(cases: list[dict[str, Any]], ref: str, cand: str) -> tuple[lis
     stats = {"errors": 0, "truncated": 0, "ref_only": 0, "cand_only": 0}
     for case_id in sorted(set(r_rows) & set(c_rows), key=str):
         rs, cs = r_rows[case_id], c_rows[case_id]
-        if rs not in NEEDLE_SCORED or cs not in NEEDLE_SCORED:
+        if "error" in (rs, cs):
             stats["errors"] += 1
-            continue
-        stats["truncated"] += cs == "truncated"
-        r_hit.append(int(rs == "hit"))
-        c_hit.append(int(cs == "hit"))
-        stats["ref_only"] += rs == "hit" and cs != "hit"
-        stats["cand_only"] += cs == "hit" and rs != "hit"
+        elif "truncated" in (rs, cs):
+            stats["truncated"] += 1
+        elif rs in ("hit", "miss") and cs in ("hit", "miss"):
+            r_hit.append(int(rs == "hit"))
+            c_hit.append(int(cs == "hit"))
+            stats["ref_only"] += rs == "hit" and cs == "miss"
+            stats["cand_only"] += cs == "hit" and rs == "miss"
     return r_hit, c_hit, stats
 
 
 def needle_check(inputs: dict[str, Any], cand: str, bars: Bars) -> dict[str, Any]:
-    """Recall drop vs the reference over the cases both answered (paired; a truncated answer is not
-    a hit: the operator got no value), with a paired bootstrap interval."""
+    """Recall drop vs the reference over the cases both answered (paired), with a paired bootstrap
+    interval; cases truncated at the cap or failed on either side are reported, not scored."""
     bar, metric, limit = "needle_recall_drop_max", "needle recall drop", bars.needle_recall_drop_max
     probe = inputs["probes"].get("needle")
     ref = inputs["reference"]
@@ -131,7 +134,7 @@ def needle_check(inputs: dict[str, Any], cand: str, bars: Bars) -> dict[str, Any
         text = (f"needle recall {sum(c_hit)}/{n} vs reference {sum(r_hit)}/{n} on the same cases: drop "
                 f"{iv.estimate:+.2f} [{iv.lo:+.2f}, {iv.hi:+.2f}] vs bar {limit:.2f}: {outcome} "
                 f"(reference-only hits {st['ref_only']}, candidate-only hits {st['cand_only']}")
-        text += f", {st['truncated']} truncated at the cap" if st["truncated"] else ""
+        text += f", {st['truncated']} truncated at the cap on either side, not scored" if st["truncated"] else ""
         text += f", {st['errors']} cases with errors left out" if st["errors"] else ""
         text += ")"
         return _check(bar, metric, "needle", outcome, text, value=iv.estimate, interval=iv.as_list(),
@@ -173,7 +176,7 @@ def agreement_checks(inputs: dict[str, Any], cand: str, bars: Bars) -> list[dict
 _CASE_SHAPE = ("name", "shape", "mode", "rate", "turns", "tokens_per_turn", "system_tokens", "max_output_tokens")
 
 
-def _case_key(case: dict[str, Any]) -> tuple[str, ...]:
+def case_key(case: dict[str, Any]) -> tuple[str, ...]:
     parts = [f"agents={case.get('agents')}"]
     parts += [f"{k}={case[k]}" for k in _CASE_SHAPE if case.get(k) is not None]
     return tuple(parts)
@@ -226,7 +229,7 @@ def load_checks(inputs: dict[str, Any], cand: str, bars: Bars) -> list[dict[str,
     def grouped(name: str) -> dict[tuple[str, ...], list[dict[str, Any]]]:
         groups: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
         for case in (servers.get(name) or {}).get("cases") or []:
-            groups[_case_key(case)].append(case)
+            groups[case_key(case)].append(case)
         return groups
 
     ref_groups, cand_groups = grouped(inputs["reference"]), grouped(cand)
@@ -235,7 +238,7 @@ def load_checks(inputs: dict[str, Any], cand: str, bars: Bars) -> list[dict[str,
         return [_not_measured("throughput_drop_max", "throughput drop", "load", f"no load cases for {who}",
                               bars.throughput_drop_max)]
     out = []
-    for key in sorted(set(ref_groups) | set(cand_groups), key=_natural):
+    for key in sorted(set(ref_groups) | set(cand_groups), key=natural_order):
         case = " ".join(key)
         if key not in ref_groups or key not in cand_groups:
             who = inputs["reference"] if key not in ref_groups else cand
@@ -259,7 +262,7 @@ def load_checks(inputs: dict[str, Any], cand: str, bars: Bars) -> list[dict[str,
     return out
 
 
-def _natural(key: Iterable[str]) -> tuple[Any, ...]:
+def natural_order(key: Iterable[str]) -> tuple[Any, ...]:
     out: list[Any] = []
     for part in key:
         name, _, value = part.partition("=")
@@ -329,7 +332,7 @@ def _decide_candidate(inputs: dict[str, Any], cand: str, bars: Bars) -> dict[str
     elif gain is None or open_:
         decision = "inconclusive"
         reasons = [] if gain is not None else [f"not shown to gain: {capacity_text}"]
-        reasons += [f"not shown to pass {c['bar']}: {c['text']}" for c in open_]
+        reasons += [f"not shown to pass: {c['text']}" for c in open_]
     else:
         decision = "adopt"
         reasons = [f"gains: {capacity_text}", f"passes every bar ({len(checks)} checks)"]
