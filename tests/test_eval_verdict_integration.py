@@ -170,3 +170,22 @@ def test_resume_refuses_a_changed_servers_file(full_run, servers_file, env, tmp_
     result = kvprobe("eval", "--servers", str(changed), "--resume", str(full), env=env, timeout=120)
     assert result.returncode == 2
     assert "differs from the one this run started with (at bars)" in result.stderr
+
+
+def test_canary_against_a_verified_baseline(full_run, servers_file, env, tmp_path):
+    full, full_result, _ = full_run
+    out = tmp_path / "canary"
+    result = kvprobe("canary", "--servers", str(servers_file), "--baseline", str(full), "--out", str(out), env=env)
+    assert "baseline" in result.stderr and "signature ok" in result.stderr
+    drift = orjson.loads((out / "canary.json").read_bytes())
+    capacity_drift = [i for i in drift["items"] if i["what"] == "kv_cache_tokens"]
+    assert capacity_drift == []  # same servers, same KV space: same capacity
+    assert result.returncode == (1 if drift["fails"] else decisions(out)["exit_code"])
+    assert (out / "verdict.json.sig").is_file()
+
+    tampered = tmp_path / "tampered"
+    shutil.copytree(full, tampered)
+    data = (tampered / "verdict.json").read_bytes()
+    (tampered / "verdict.json").write_bytes(data.replace(b'"exit_code": ', b'"exit_code":  ', 1))
+    bad = kvprobe("canary", "--servers", str(servers_file), "--baseline", str(tampered), env=env, timeout=120)
+    assert bad.returncode == 2 and "--baseline" in bad.stderr and "changed after it was signed" in bad.stderr
