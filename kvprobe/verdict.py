@@ -173,12 +173,12 @@ def agreement_checks(inputs: dict[str, Any], cand: str, bars: Bars) -> list[dict
     return out
 
 
-_CASE_SHAPE = ("name", "shape", "mode", "rate", "turns", "tokens_per_turn", "system_tokens", "max_output_tokens")
-
-
 def case_key(case: dict[str, Any]) -> tuple[str, ...]:
-    parts = [f"agents={case.get('agents')}"]
-    parts += [f"{k}={case[k]}" for k in _CASE_SHAPE if case.get(k) is not None]
+    """A load case's identity: its workload shape (by name), concurrency and, open loop, its rate."""
+    parts = [f"{k}={case[k]}" for k in ("shape", "name") if case.get(k) is not None]
+    parts.append(f"agents={case.get('agents')}")
+    if case.get("rate") is not None:
+        parts.append(f"rate={case['rate']}")
     return tuple(parts)
 
 

@@ -216,3 +216,22 @@ def test_rederive_catches_an_edited_decision(tmp_path):
     edited = orjson.loads(verdict_bytes(verdict_of(m, tmp_path)))
     edited["decisions"]["cand"]["decision"] = "adopt"
     assert any("recorded decision 'adopt', the numbers give 'reject'" in p for p in rederive(edited))
+
+
+def test_load_cases_that_carry_their_repeats(tmp_path):
+    """The load probe's shape: one entry per (shape, agents) with its runs under "repeats"."""
+    def case(tps: list[float]) -> dict:
+        runs = [{"repeat": i, "output_tokens_per_s": t, "ttft_p99_s": 0.5, "itl_p99_s": 0.05, "e2e_p99_s": 2.0,
+                 "metrics": {"samples": 3}} for i, t in enumerate(tps)]
+        return {"agents": 2, "shape": "short", "turns": 2, "mode": "closed", "rate": None, "requests": 8,
+                "errors": 0, "output_tokens_per_s": sum(tps) / len(tps), "ttft_p99_s": 0.5, "repeats": runs}
+
+    m = Measurements()
+    m.load["servers"]["ref"]["cases"] = [case([100, 102, 98])]
+    m.load["servers"]["cand"]["cases"] = [case([50, 51, 49])]
+    v = verdict_of(m, tmp_path)
+    check = next(c for c in v["decisions"]["cand"]["checks"] if c["bar"] == "throughput_drop_max")
+    assert check["case"] == "shape=short agents=2" and check["outcome"] == "fail"
+    assert check["ratio"] == pytest.approx(0.5)
+    assert "over 3+3 runs" in check["text"]
+    assert "metrics" not in v["probes"]["load"]["servers"]["ref"]["cases"][0]["repeats"][0]

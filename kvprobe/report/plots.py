@@ -26,8 +26,10 @@ COLORS = {"reference": "#1f77b4", "adopt": "#2ca02c", "reject": "#d62728", "inco
           "pass": "#2ca02c", "fail": "#d62728", "not_measured": "#bdbdbd"}
 # Server colours in the load plots: not the decision colours (a red server is not a rejected one).
 SERIES = ["#1f77b4", "#8c564b", "#17becf", "#e377c2", "#bcbd22", "#7f7f7f", "#9467bd", "#ff7f0e"]
-# Fields of a per-request record (events log, or lists in load.json) that hold latencies in seconds.
-LATENCY_FIELDS = {"ttft_s": "time to first token", "e2e_s": "end-to-end latency"}
+# Per-request latencies in seconds, as the load probe records them (events of kind load_request,
+# fields ttft/e2e; the *_s spellings are accepted too).
+LATENCY_FIELDS = {"ttft": "time to first token", "e2e": "end-to-end latency"}
+_ALIASES = {"ttft": ("ttft", "ttft_s"), "e2e": ("e2e", "e2e_s")}
 
 
 def _figure(width: float, height: float) -> Figure:
@@ -151,29 +153,36 @@ def load_chart(v: dict[str, Any]) -> bytes | None:
     return png(fig)
 
 
+def _latency(record: dict[str, Any], field: str) -> float | None:
+    for key in _ALIASES[field]:
+        value = record.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    return None
+
+
 def request_latencies(run: RunDir | None) -> dict[str, dict[str, list[float]]]:
-    """Per server, per latency field, every request's value: from the events log (any record with
-    a server and a numeric ttft_s/e2e_s), else from per-request lists in load.json."""
+    """Per server, per latency field, every successful request's value, from the load probe's
+    per-request events (or per-request lists in load.json when the log has none)."""
     out: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     if run is None:
         return {}
     for event in run.events():
         server = event.get("server")
-        if not server or str(event.get("kind", "")).startswith(("inventory", "pin", "needle", "perplexity")):
+        if not server or not str(event.get("kind", "")).startswith("load"):
             continue
-        if event.get("error"):
-            continue
-        for key in LATENCY_FIELDS:
-            value = event.get(key)
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                out[server][key].append(float(value))
+        if event.get("error") or event.get("status", "ok") != "ok":
+            continue  # failed and cut-off requests are counted by the load table, not drawn as latencies
+        for field in LATENCY_FIELDS:
+            if (value := _latency(event, field)) is not None:
+                out[server][field].append(value)
     if not out and run.has("load.json"):
         data = orjson.loads((run.path / "load.json").read_bytes())
         for server, row in (data.get("servers") or {}).items():
             for case in row.get("cases") or []:
-                for key in LATENCY_FIELDS:
-                    values = case.get(key) if isinstance(case.get(key), list) else None
-                    out[server][key] += [float(x) for x in values or [] if isinstance(x, int | float)]
+                for field in LATENCY_FIELDS:
+                    values = next((case[k] for k in _ALIASES[field] if isinstance(case.get(k), list)), [])
+                    out[server][field] += [float(x) for x in values if isinstance(x, int | float)]
     return {s: {k: sorted(vals) for k, vals in d.items() if vals} for s, d in out.items() if any(d.values())}
 
 
