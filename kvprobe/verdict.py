@@ -151,7 +151,8 @@ def needle_check(inputs: dict[str, Any], cand: str, bars: Bars) -> dict[str, Any
 
 
 def agreement_checks(inputs: dict[str, Any], cand: str, bars: Bars) -> list[dict[str, Any]]:
-    """Optional bars (unset by default): mean KL divergence and top-1 agreement, over many tokens."""
+    """Optional bars (unset by default): mean KL divergence and top-1 agreement. With the probe's
+    bootstrap interval (over passages) the interval rule applies; without one, the point value."""
     out = []
     probe = inputs["probes"].get("agreement")
     row = ((probe or {}).get("servers") or {}).get(cand) or {}
@@ -165,11 +166,20 @@ def agreement_checks(inputs: dict[str, Any], cand: str, bars: Bars) -> list[dict
             why = "agreement probe not run" if probe is None else f"no {key} for {cand}"
             out.append(_not_measured(bar, metric, "agreement", why, limit))
             continue
-        ok = value <= limit if larger_is_worse else value >= limit
-        outcome = "pass" if ok else "fail"
+        ci = row.get(f"{key}_ci95")
+        ci = list(ci) if isinstance(ci, list) and len(ci) == 2 and None not in ci else None
+        # As a loss against a limit: KL as is; agreement as the disagreement rate vs 1 - bar.
+        loss, loss_limit = (value, limit) if larger_is_worse else (1 - value, 1 - limit)
+        if ci is not None:
+            lo, hi = (ci[0], ci[1]) if larger_is_worse else (1 - ci[1], 1 - ci[0])
+            outcome = bar_outcome(Interval(loss, lo, hi), loss_limit)
+            shown = f"{value:.4f} [{ci[0]:.4f}, {ci[1]:.4f}]"
+        else:
+            outcome = "pass" if loss <= loss_limit else "fail"
+            shown = f"{value:.4f} (no interval)"
         sign = "<=" if larger_is_worse else ">="
-        out.append(_check(bar, metric, "agreement", outcome,
-                          f"{metric} {value:.4f} vs bar {sign} {limit:.4f}: {outcome}", value=value, limit=limit))
+        out.append(_check(bar, metric, "agreement", outcome, f"{metric} {shown} vs bar {sign} {limit:.4f}: {outcome}",
+                          value=value, interval=ci, limit=limit))
     return out
 
 

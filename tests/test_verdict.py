@@ -235,3 +235,14 @@ def test_load_cases_that_carry_their_repeats(tmp_path):
     assert check["ratio"] == pytest.approx(0.5)
     assert "over 3+3 runs" in check["text"]
     assert "metrics" not in v["probes"]["load"]["servers"]["ref"]["cases"][0]["repeats"][0]
+
+
+def test_agreement_bars_use_the_probes_intervals(tmp_path):
+    m = Measurements()
+    m.bars["top1_agreement_min"] = 0.95
+    m.agreement["cand"].update(top1_agreement=0.96, top1_agreement_ci95=[0.93, 0.98])
+    v = verdict_of(m, tmp_path, "straddle")
+    assert outcomes(v, "top1_agreement_min") == ["inconclusive"]
+    m.agreement["cand"].update(top1_agreement=0.5, top1_agreement_ci95=[0.45, 0.55])
+    v = verdict_of(m, tmp_path, "low")
+    assert outcomes(v, "top1_agreement_min") == ["fail"] and decision(v) == "reject"
