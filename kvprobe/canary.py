@@ -47,11 +47,9 @@ def canary_config(config: Config) -> Config:
 
 def canary_probes() -> list[str]:
     """Capacity and every probe that is installed, in run order."""
-    from kvprobe.evaluation import PROBE_ORDER
-    from kvprobe.probes import registry
+    from kvprobe.evaluation import available_probes
 
-    available = {"capacity", *registry()}
-    return [p for p in PROBE_ORDER if p in available]
+    return available_probes()
 
 
 def _servers_of(verdict: dict[str, Any], probe: str) -> dict[str, Any]:

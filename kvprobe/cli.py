@@ -95,7 +95,7 @@ def audit(urls: tuple[str, ...], as_json: bool, api_key_env: str | None, no_smok
         sys.exit(EXIT_CANNOT_RUN if any(i.status != "broken" for i in failed) else 4)
 
 
-ALL_PROBES = "capacity,perplexity,agreement,needle,load"
+PROBES_HELP = "comma-separated probes: capacity,perplexity,agreement,needle,load (default: all installed)"
 
 
 def _signing_key(key: Path | None):  # -> SigningKey
@@ -110,16 +110,15 @@ def _signing_key(key: Path | None):  # -> SigningKey
 
 
 def _open_run(out: Path | None, resume: Path | None, config, probes: str | None) -> tuple[RunDir, list[str]]:
-    from kvprobe.evaluation import check_resume
+    from kvprobe.evaluation import available_probes, check_resume
 
     if out is not None and resume is not None:
         raise ConfigError(["--out and --resume: give one (--resume reopens an existing run directory)"])
     if resume is not None:
         run = RunDir.open(resume)
-        meta = check_resume(config, run)
-        recorded = ",".join(meta.get("probes") or [])
-        return run, [p.strip() for p in (probes or recorded or ALL_PROBES).split(",") if p.strip()]
-    return RunDir.create(out), [p.strip() for p in (probes or ALL_PROBES).split(",") if p.strip()]
+        recorded = check_resume(config, run).get("probes") or available_probes()
+        return run, [p.strip() for p in probes.split(",") if p.strip()] if probes else list(recorded)
+    return RunDir.create(out), [p.strip() for p in probes.split(",") if p.strip()] if probes else available_probes()
 
 
 def _report(run: RunDir, verdict: dict) -> None:
@@ -163,24 +162,10 @@ def _run(config, run: RunDir, probe_list: list[str], key: Path | None, resume: b
     return outcome
 
 
-@main.command(name="eval")
-@click.option("--servers", "servers_file", required=True, type=click.Path(path_type=Path),
-              help="servers.toml")
-@click.option("--out", type=click.Path(path_type=Path), default=None, help="run directory (default runs/<time>-<id>)")
-@click.option("--resume", type=click.Path(path_type=Path), default=None,
-              help="reopen this run directory and finish it: what it already measured is skipped")
-@click.option("--probes", default=None, help=f"comma-separated probes to run [default: {ALL_PROBES}; with "
-                                             "--resume, the run's own]")
-@click.option("--key", type=click.Path(path_type=Path), default=None,
-              help="OpenSSH Ed25519 private key that signs the verdict (else $KVPROBE_SIGNING_KEY, else "
-                   "kvprobe's own key in the config directory, created on first use)")
-def eval_cmd(servers_file: Path, out: Path | None, resume: Path | None, probes: str | None, key: Path | None) -> None:
-    """Measure every server in servers.toml against the reference; write, sign and report the verdict.
-
-    Exit: 0 done (read the decisions), 1 no candidate adopted and one fails or does not pass a bar,
-    2 cannot run, 3 invalid comparison, 4 a server is broken, 130 interrupted (resume it)."""
+def _evaluate(config_path: Path, out: Path | None, probes: str | None, resume: Path | None = None,
+              key: Path | None = None) -> None:
     try:
-        config = load_config(servers_file)
+        config = load_config(config_path)
         run, probe_list = _open_run(out, resume, config, probes)
     except ConfigError as exc:
         _fail(exc.problems)
@@ -190,6 +175,50 @@ def eval_cmd(servers_file: Path, out: Path | None, resume: Path | None, probes: 
         _fail(exc.problems)
     err_console.print(f"results in [bold]{run.path}[/bold]")
     sys.exit(outcome.exit_code)
+
+
+@main.command(name="eval")
+@click.option("--servers", "servers_file", required=True, type=click.Path(path_type=Path),
+              help="servers.toml")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="run directory (default runs/<UTC time>-<id>)")
+@click.option("--resume", type=click.Path(path_type=Path), default=None,
+              help="reopen this run directory and finish it: what it already measured is skipped")
+@click.option("--probes", default=None, help=PROBES_HELP + "; with --resume, the run's own")
+@click.option("--key", type=click.Path(path_type=Path), default=None,
+              help="OpenSSH Ed25519 private key that signs the verdict (else $KVPROBE_SIGNING_KEY, else "
+                   "kvprobe's own key in the config directory, created on first use)")
+def eval_cmd(servers_file: Path, out: Path | None, resume: Path | None, probes: str | None, key: Path | None) -> None:
+    """Measure every server in servers.toml against the reference; write, sign and report the verdict.
+
+    Exit: 0 done (read the decisions), 1 no candidate adopted and one fails or does not pass a bar,
+    2 cannot run, 3 invalid comparison, 4 a server is broken, 130 interrupted (resume it)."""
+    _evaluate(servers_file, out, probes, resume, key)
+
+
+@main.command()
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="run directory")
+@click.option("--probes", default=None, help=PROBES_HELP)
+@click.option("--stop", is_flag=True, help="stop the demo servers afterwards")
+@click.option("--key", type=click.Path(path_type=Path), default=None, help="signing key, as for eval")
+def demo(out: Path | None, probes: str | None, stop: bool, key: Path | None) -> None:
+    """Start three real local vLLM CPU servers (needle-llama; auto, fp8, int8_per_token_head) and
+    evaluate them with the repository's servers.toml."""
+    from kvprobe.servers import LaunchError, demo_specs, start_many, stop_all
+    from kvprobe.servers.launcher import PROJECT_ROOT
+
+    err_console.print("starting the demo servers (first time: installs vLLM CPU, ~3 minutes)")
+    try:
+        servers = start_many(demo_specs())
+    except LaunchError as exc:
+        _fail([str(exc)])
+    for server in servers:
+        err_console.print(f"  {server.spec.kv_cache_dtype:>20} {server.url}" + (" (reused)" if server.reused else ""))
+    try:
+        _evaluate(PROJECT_ROOT / "servers.toml", out, probes, key=key)
+    finally:
+        if stop:
+            stop_all()
 
 
 @main.command(name="report")

@@ -235,6 +235,17 @@ class Client:
         body: dict[str, Any] = {"tokens": tokens} | ({"model": self.model} if self.model else {})
         return (await self._post_json("/detokenize", body, idempotent=True))["prompt"]
 
+    async def server_info(self) -> dict[str, Any] | None:
+        """The full engine config (`/server_info?config_format=json`), served only when the server runs
+        with VLLM_SERVER_DEV_MODE=1; None otherwise."""
+        try:
+            data = await self._get_json("/server_info?config_format=json")
+        except ServerError as exc:
+            if exc.status in (404, 405):
+                return None
+            raise
+        return data if isinstance(data, dict) and isinstance(data.get("vllm_config"), dict) else None
+
     async def reset_prefix_cache(self) -> bool:
         """True when the server reset its prefix cache; False when it does not offer the endpoint."""
         try:

@@ -79,6 +79,11 @@ def _probe_table() -> dict[str, ProbeFn]:
     return table
 
 
+def available_probes() -> list[str]:
+    table = _probe_table()
+    return [p for p in PROBE_ORDER if p in table]
+
+
 async def _capacity_probe(ctx: EvalContext) -> dict[str, Any]:
     summary = capacity_summary(ctx.reference, ctx.inventories, ctx.pin)
     ctx.run.write_json("capacity.json", summary)

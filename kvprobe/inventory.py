@@ -48,6 +48,7 @@ class Inventory:
     capacity: Capacity | None = None
     kv_usage: float | None = None
     has_tokenize: bool = False
+    server_info: dict[str, Any] | None = None  # flattened engine config (dev mode only), no secrets
     smoke: Smoke | None = None
     warnings: list[str] = field(default_factory=list)
     metrics_text: str | None = field(default=None, repr=False)
@@ -136,6 +137,8 @@ async def take_inventory(
         inv.model, inv.model_root = first.get("id"), first.get("root")
         inv.max_model_len = first.get("max_model_len")
         await _read_metrics(client, inv)
+        if (info := await client.server_info()) is not None:
+            inv.server_info = engine_facts(info)
         try:
             await client.tokenize(prompt="kvprobe")
             inv.has_tokenize = True
@@ -162,6 +165,35 @@ async def take_inventory(
             inv.error = f"{client.name}: first-prefill smoke ({inv.smoke.target_tokens} tokens) failed: " \
                         f"{inv.smoke.error}"
     return inv
+
+
+# Only these machine facts are kept from /server_info's system_env: env_vars and pip lists can carry
+# secrets or noise, and a host name is not a setting.
+_SYSTEM_FACTS = ("vllm_version", "torch_version", "cuda_runtime_version", "nvidia_driver_version",
+                 "nvidia_gpu_models", "hip_runtime_version", "rocm_version")
+
+
+def _flatten(obj: Any, prefix: str, out: dict[str, Any]) -> None:
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            _flatten(value, f"{prefix}.{key}", out)
+    else:
+        out[prefix] = obj
+
+
+def engine_facts(info: dict[str, Any]) -> dict[str, Any]:
+    """/server_info as flat `vllm_config.a.b` / `vllm_env.X` / `system.x` keys; secret-bearing parts
+    dropped (vLLM already leaves out env vars whose names contain KEY)."""
+    out: dict[str, Any] = {}
+    _flatten(info.get("vllm_config") or {}, "vllm_config", out)
+    for name, value in (info.get("vllm_env") or {}).items():
+        if not any(word in name for word in ("KEY", "TOKEN", "SECRET", "PASSWORD")):
+            out[f"vllm_env.{name}"] = value
+    system = info.get("system_env") or {}
+    for name in _SYSTEM_FACTS:
+        if name in system:
+            out[f"system.{name}"] = system[name]
+    return out
 
 
 async def _read_metrics(client: Client, inv: Inventory) -> None:

@@ -64,6 +64,22 @@ class PinCheck:
         )
 
 
+# /server_info keys that differ between two identically configured servers, or follow from the KV dtype.
+_ENGINE_VOLATILE = frozenset({
+    "vllm_config.instance_id",
+    "vllm_env.VLLM_OBJECT_STORAGE_SHM_BUFFER_NAME",
+    "vllm_env.VLLM_PORT",
+    "vllm_env.VLLM_DP_MASTER_PORT",
+})
+
+
+def _engine_key_allowed(key: str) -> bool:
+    if key in _ENGINE_VOLATILE:
+        return True
+    prefix = "vllm_config.cache_config."
+    return key.startswith(prefix) and key[len(prefix):] in DERIVED_LABELS
+
+
 def _fingerprint_build(fp: str | None) -> str | None:
     """`vllm-<ver>[-tpN][-ppN][-dpN][-ep]-<hash8>`: the hash covers cache_dtype, so drop it."""
     if not fp:
@@ -83,6 +99,9 @@ def _facts(inv: Inventory) -> dict[str, Any]:
     for label, value in (inv.cache_config or {}).items():
         if label not in DERIVED_LABELS:
             facts[f"cache_config.{label}"] = value
+    for key, value in (inv.server_info or {}).items():
+        if not _engine_key_allowed(key):
+            facts[f"server_info.{key}"] = value
     return facts
 
 
@@ -101,12 +120,17 @@ def check_pin(reference: Inventory, candidates: list[Inventory]) -> PinCheck:
                 continue  # only known after a successful smoke
             if key.startswith("cache_config.") and (reference.cache_config is None or cand.cache_config is None):
                 continue
+            if key.startswith("server_info.") and (reference.server_info is None or cand.server_info is None):
+                continue
             if ref.get(key) != facts.get(key):
                 diffs.append(Difference(key, {reference.name: ref.get(key), cand.name: facts.get(key)}))
         result.differences[cand.name] = diffs
         for inv in (reference, cand):
             if inv.cache_config is None:
                 result.unchecked.append(f"{inv.name}: no vllm:cache_config_info, cache settings not compared")
+            if inv.server_info is None:
+                result.unchecked.append(f"{inv.name}: no /server_info (VLLM_SERVER_DEV_MODE=1 shows it), "
+                                        "engine settings beyond /metrics not compared")
     result.unchecked = sorted(set(result.unchecked))
     result.valid = not result.all_differences()
     return result

@@ -19,8 +19,9 @@ Handler = Callable[[httpx.Request], httpx.Response]
 def capture(server: str, name: str) -> bytes:
     """Raw response body of capture `name` in `server` (any extension)."""
     base = FIXTURES / server
-    for ext in ("json", "txt", "sse"):
-        path = base / f"{name}.response.{ext}"
+    for candidate in (f"{name}.response.json", f"{name}.response.txt", f"{name}.response.sse",
+                      f"{name}.txt", f"{name}.json"):
+        path = base / candidate
         if path.exists():
             return path.read_bytes()
     raise FileNotFoundError(f"no capture {server}/{name}")

@@ -12,6 +12,7 @@ Facts this module encodes (measured on 2-core x86_64 boxes, see the fixtures REA
 - `--enforce-eager` starts in ~30 s instead of ~70 s; the first prompt-logprobs request builds a
   kernel (~11 s), so start() warms it up.
 - Servers that are compared must share every flag except --kv-cache-dtype.
+- VLLM_SERVER_DEV_MODE=1 (loopback only) adds /server_info and /reset_prefix_cache.
 
 A started server is described by a state file; a later start() with the same spec on the same
 port reuses the live process, so test sessions and the demo do not pay the startup twice.
@@ -274,6 +275,9 @@ def start(spec: ServerSpec, timeout_s: float = 600.0, reuse: bool = True) -> Loc
             HF_HUB_OFFLINE="1",
             TRANSFORMERS_OFFLINE="1",
             VLLM_NO_USAGE_STATS="1",
+            # Local servers only: exposes /server_info (full engine config, for the one-knob check)
+            # and /reset_prefix_cache (equal cache state between load cases).
+            VLLM_SERVER_DEV_MODE="1",
             DO_NOT_TRACK="1",
         )
         _log(f"starting vLLM kv-cache-dtype={spec.kv_cache_dtype} on {spec.url} (log: {log})")

@@ -1,0 +1,94 @@
+"""A small fault-injecting HTTP proxy in front of a real server, for faults a real vLLM server
+won't produce on demand: answer health but fail prefill, delay, drop the connection, cut a stream.
+
+    with FaultProxy("http://127.0.0.1:8101", {"/v1/completions": Fault(status=500, body=...)}) as url:
+        ...  # talk to url; everything else is forwarded unchanged
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+
+
+@dataclass
+class Fault:
+    status: int | None = None        # answer with this status instead of forwarding
+    body: bytes = b""
+    delay_s: float = 0.0             # wait before answering
+    drop: bool = False               # close the connection without answering
+    cut_after_bytes: int | None = None  # forward, but stop the body after this many bytes
+
+
+class FaultProxy:
+    def __init__(self, upstream: str, faults: dict[str, Fault] | None = None):
+        self.upstream = upstream.rstrip("/")
+        self.faults = dict(faults or {})
+        self.hits: list[str] = []
+        self.authorization: list[str | None] = []  # what each request carried, to check keys are sent
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _handle(self) -> None:
+                path = self.path.split("?")[0]
+                proxy.hits.append(f"{self.command} {path}")
+                proxy.authorization.append(self.headers.get("authorization"))
+                length = int(self.headers.get("content-length") or 0)
+                body = self.rfile.read(length) if length else b""
+                fault = proxy.faults.get(path)
+                if fault and fault.delay_s:
+                    time.sleep(fault.delay_s)
+                if fault and fault.drop:
+                    self.close_connection = True
+                    self.connection.close()
+                    return
+                if fault and fault.status is not None:
+                    self.send_response(fault.status)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", str(len(fault.body)))
+                    self.end_headers()
+                    self.wfile.write(fault.body)
+                    return
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
+                with httpx.Client(timeout=600) as client, client.stream(
+                        self.command, proxy.upstream + self.path, content=body, headers=headers) as resp:
+                    self.send_response(resp.status_code)
+                    for key, value in resp.headers.items():
+                        if key.lower() not in ("content-length", "transfer-encoding", "connection"):
+                            self.send_header(key, value)
+                    self.send_header("connection", "close")
+                    self.end_headers()
+                    sent = 0
+                    for chunk in resp.iter_raw():
+                        if fault and fault.cut_after_bytes is not None and sent + len(chunk) > fault.cut_after_bytes:
+                            self.wfile.write(chunk[: fault.cut_after_bytes - sent])
+                            self.wfile.flush()
+                            break
+                        self.wfile.write(chunk)
+                        self.wfile.flush()
+                        sent += len(chunk)
+                    self.close_connection = True
+
+            do_GET = do_POST = _handle
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> str:
+        self._thread.start()
+        return self.url
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,116 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvprobe.config import load_config, parse_config
+from kvprobe.errors import ConfigError
+
+GOOD = """
+[bars]
+perplexity_delta_max = 0.02
+
+[[server]]
+name = "bf16"
+url = "http://127.0.0.1:8101/v1"
+role = "reference"
+
+[[server]]
+name = "fp8"
+url = "http://127.0.0.1:8102"
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "servers.toml"
+    path.write_text(text)
+    return path
+
+
+def problems(tmp_path: Path, text: str) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text))
+    return info.value.problems
+
+
+def test_good_config_defaults_and_roles(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, GOOD))
+    assert config.reference.name == "bf16"
+    assert [s.name for s in config.candidates] == ["fp8"]
+    assert config.bars.perplexity_delta_max == 0.02
+    assert config.bars.capacity_gain_min == 0.05  # default
+    assert config.reference.url == "http://127.0.0.1:8101"  # /v1 suffix accepted and dropped
+    assert config.candidates[0].role == "candidate"
+
+
+def test_example_servers_toml_in_repo_is_valid() -> None:
+    config = load_config(Path(__file__).parents[1] / "servers.toml")
+    assert config.reference.name == "auto"
+    assert {s.name for s in config.candidates} == {"fp8", "int8_per_token_head"}
+
+
+def test_broken_toml_is_one_line_naming_the_file(tmp_path: Path) -> None:
+    (line,) = problems(tmp_path, "[[server]\nname=1")
+    assert "servers.toml" in line and "not valid TOML" in line
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "nope.toml")
+    assert "cannot read" in info.value.problems[0]
+
+
+def test_unknown_key_is_named(tmp_path: Path) -> None:
+    (line,) = problems(tmp_path, GOOD + 'colour = "blue"\n')
+    assert "server[1].colour" in line and "unknown key" in line
+
+
+def test_unknown_bar_is_named(tmp_path: Path) -> None:
+    (line,) = problems(tmp_path, GOOD.replace("perplexity_delta_max", "perplexity_delta_maxx"))
+    assert "bars.perplexity_delta_maxx" in line
+
+
+def test_duplicate_names(tmp_path: Path) -> None:
+    (line,) = problems(tmp_path, GOOD.replace('name = "fp8"', 'name = "bf16"'))
+    assert "server[1].name" in line and "duplicate" in line
+
+
+def test_no_reference_and_two_references(tmp_path: Path) -> None:
+    (line,) = problems(tmp_path, GOOD.replace('role = "reference"', 'role = "candidate"'))
+    assert "exactly one" in line and "found none" in line
+    (line,) = problems(tmp_path, GOOD + 'role = "reference"\n')
+    assert "found bf16, fp8" in line
+
+
+def test_bad_url_and_bad_role(tmp_path: Path) -> None:
+    lines = problems(tmp_path, GOOD.replace("http://127.0.0.1:8102", "htp:/x").replace(
+        'role = "reference"', 'role = "gold"'))
+    assert any("server[1].url" in line and "not an http(s) URL" in line for line in lines)
+    assert any("server[0].role" in line for line in lines)
+    assert len(lines) == 2  # every problem reported at once
+
+
+def test_api_key_env_must_be_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KVPROBE_TEST_KEY", raising=False)
+    text = GOOD + 'api_key_env = "KVPROBE_TEST_KEY"\n'
+    (line,) = problems(tmp_path, text)
+    assert "KVPROBE_TEST_KEY is not set" in line and "server[1].api_key_env" in line
+    monkeypatch.setenv("KVPROBE_TEST_KEY", "sk-secret")
+    config = load_config(write(tmp_path, text))
+    assert config.candidates[0].api_key() == "sk-secret"
+    assert "sk-secret" not in str(config.public_dict())
+
+
+def test_secret_headers_are_refused_and_values_never_recorded(tmp_path: Path) -> None:
+    (line,) = problems(tmp_path, GOOD + '[server.headers]\nAuthorization = "Bearer x"\n')
+    assert "api_key_env" in line
+    config = load_config(write(tmp_path, GOOD + '[server.headers]\nX-Team = "blue-team"\n'))
+    assert config.candidates[0].headers == {"X-Team": "blue-team"}
+    assert "blue-team" not in str(config.public_dict())
+
+
+def test_parse_config_needs_a_server() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config({"bars": {}})
+    assert "server" in info.value.problems[0] and "missing" in info.value.problems[0]

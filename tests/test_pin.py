@@ -1,0 +1,118 @@
+from __future__ import annotations
+
+import re
+
+from replay import capture
+
+from kvprobe.inventory import Inventory
+from kvprobe.pin import check_pin
+from kvprobe.scrape import parse_metrics
+
+
+def inv(name: str, server: str, metrics: str, **kw) -> Inventory:
+    snap = parse_metrics(capture(server, metrics).decode())
+    base = dict(name=name, url="http://x", version="0.32.0", model_root="/models/m", max_model_len=8192,
+                cache_config=snap.cache_config, capacity=snap.capacity())
+    return Inventory(**{**base, **kw})
+
+
+def test_real_auto_and_fp8_differ_only_in_kv_dtype() -> None:
+    pin = check_pin(inv("auto", "auto-8101", "metrics_fresh"), [inv("fp8", "fp8-8102", "metrics_fresh")])
+    assert pin.valid and pin.candidate_valid("fp8") and pin.to_dict()["differences"] == []
+
+
+def test_hybrid_block_size_difference_is_allowed() -> None:
+    # On a hybrid, fp8 doubles the attention block size (page pinned to the Mamba page): derived, allowed.
+    a = inv("auto", "hybrid-nemotronh", "metrics-auto-maxlen512", max_model_len=512)
+    b = inv("fp8", "hybrid-nemotronh", "metrics-fp8-maxlen512", max_model_len=512)
+    assert a.capacity.block_size != b.capacity.block_size
+    assert check_pin(a, [b]).valid
+
+
+def test_max_model_len_difference_is_named_with_both_values() -> None:
+    pin = check_pin(inv("bf16", "auto-8101", "metrics_fresh"),
+                    [inv("fp8", "fp8-8102", "metrics_fresh", max_model_len=4096)])
+    assert not pin.valid and not pin.candidate_valid("fp8")
+    (diff,) = pin.all_differences()
+    assert diff.text == "max_model_len: bf16=8192 fp8=4096"
+
+
+def test_cache_config_label_version_and_model_differences() -> None:
+    text = capture("fp8-8102", "metrics_fresh").decode()
+    text = re.sub(r'gpu_memory_utilization="[^"]+"', 'gpu_memory_utilization="0.8"', text)
+    text = text.replace('enable_prefix_caching="True"', 'enable_prefix_caching="False"')
+    snap = parse_metrics(text)
+    cand = Inventory(name="fp8", url="x", version="0.33.0", model_root="/models/other", max_model_len=8192,
+                     cache_config=snap.cache_config)
+    pin = check_pin(inv("auto", "auto-8101", "metrics_fresh"), [cand])
+    fields = {d.field for d in pin.all_differences()}
+    assert fields == {"version", "model_root", "cache_config.gpu_memory_utilization",
+                      "cache_config.enable_prefix_caching"}
+    texts = {d.text for d in pin.all_differences()}
+    assert "cache_config.gpu_memory_utilization: auto=0.92 fp8=0.8" in texts
+
+
+def test_fingerprint_build_part_compared_hash_ignored() -> None:
+    from kvprobe.inventory import Smoke
+
+    a = inv("a", "auto-8101", "metrics_fresh", smoke=Smoke(ok=True, system_fingerprint="vllm-0.32.0-aaaa1111"))
+    b = inv("b", "fp8-8102", "metrics_fresh", smoke=Smoke(ok=True, system_fingerprint="vllm-0.32.0-bbbb2222"))
+    c = inv("c", "fp8-8102", "metrics_fresh", smoke=Smoke(ok=True, system_fingerprint="vllm-0.32.0-tp2-cccc3333"))
+    pin = check_pin(a, [b, c])
+    assert pin.candidate_valid("b") and not pin.candidate_valid("c")
+    assert pin.differences["c"][0].field == "fingerprint"
+
+
+def test_unreachable_candidate_is_unchecked_not_different() -> None:
+    gone = Inventory(name="gone", url="x", status="unreachable")
+    pin = check_pin(inv("a", "auto-8101", "metrics_fresh"), [gone])
+    assert pin.valid and any("gone" in u for u in pin.unchecked)
+
+
+def test_missing_cache_config_is_reported_unchecked() -> None:
+    a = inv("a", "auto-8101", "metrics_fresh")
+    b = Inventory(name="b", url="x", version="0.32.0", model_root="/models/m", max_model_len=8192)
+    pin = check_pin(a, [b])
+    assert pin.valid and any("no vllm:cache_config_info" in u for u in pin.unchecked)
+
+
+def server_info(name: str) -> dict:
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(__file__).parent / "fixtures" / "vllm-cpu-dev" / f"server_info-{name}.json").read_text())
+
+
+def test_server_info_of_real_auto_and_fp8_differs_only_in_kv_dtype() -> None:
+    from kvprobe.inventory import engine_facts
+
+    a = inv("auto", "auto-8101", "metrics_fresh", server_info=engine_facts(server_info("auto")))
+    b = inv("fp8", "fp8-8102", "metrics_fresh", server_info=engine_facts(server_info("fp8")))
+    assert len(a.server_info) > 400
+    pin = check_pin(a, [b])
+    assert pin.valid, pin.to_dict()
+    assert not any("server_info" in u for u in pin.unchecked)
+
+
+def test_server_info_catches_what_metrics_cannot_show() -> None:
+    from kvprobe.inventory import engine_facts
+
+    fp8 = server_info("fp8")
+    fp8["vllm_config"]["scheduler_config"]["max_num_batched_tokens"] = 8192
+    fp8["vllm_config"]["model_config"]["enforce_eager"] = False
+    a = inv("auto", "auto-8101", "metrics_fresh", server_info=engine_facts(server_info("auto")))
+    b = inv("fp8", "fp8-8102", "metrics_fresh", server_info=engine_facts(fp8))
+    texts = {d.text for d in check_pin(a, [b]).all_differences()}
+    assert texts == {
+        "server_info.vllm_config.scheduler_config.max_num_batched_tokens: auto=2048 fp8=8192",
+        "server_info.vllm_config.model_config.enforce_eager: auto=True fp8=False",
+    }
+
+
+def test_engine_facts_keep_no_environment_dump() -> None:
+    from kvprobe.inventory import engine_facts
+
+    facts = engine_facts(server_info("auto"))
+    assert not any(k.startswith("system.env") for k in facts)
+    assert facts["system.vllm_version"] == "0.32.0"
+    assert "VLLM_CACHE_ROOT" not in str({k: v for k, v in facts.items() if k.startswith("system.")})
