@@ -173,7 +173,7 @@ def test_resume_refuses_a_changed_servers_file(full_run, servers_file, env, tmp_
 
 
 def test_canary_against_a_verified_baseline(full_run, servers_file, env, tmp_path):
-    full, full_result, _ = full_run
+    full, _, _ = full_run
     out = tmp_path / "canary"
     result = kvprobe("canary", "--servers", str(servers_file), "--baseline", str(full), "--out", str(out), env=env)
     assert "baseline" in result.stderr and "signature ok" in result.stderr

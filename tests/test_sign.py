@@ -30,6 +30,9 @@ from kvprobe.verdict import verdict_bytes, write_verdict
 from kvprobe.verify import verify_verdict
 
 SSH_KEYGEN = shutil.which("ssh-keygen")
+# The standard tool is the point of these tests: in CI its absence is a failure, not a skip.
+if SSH_KEYGEN is None and os.environ.get("CI"):
+    raise RuntimeError("ssh-keygen is not installed: CI must `apt-get install -y openssh-client`")
 needs_ssh_keygen = pytest.mark.skipif(SSH_KEYGEN is None, reason="ssh-keygen (openssh-client) not installed")
 
 
