@@ -319,7 +319,7 @@ def _decide_candidate(inputs: dict[str, Any], cand: str, bars: Bars) -> dict[str
         notes.append(f"the reference {ref} is broken ({err}): what needs it was not measured")
     if server.get("kv_cache_tokens_estimate") or (ref_server.get("kv_cache_tokens_estimate")):
         notes.append("capacity is an estimate (num_gpu_blocks x block_size): wrong for hybrid models")
-    notes += [u for u in pin.get("unchecked") or []]
+    notes += [u for u in pin.get("unchecked") or [] if u.startswith((f"{cand}:", f"{ref}:"))]
     failed = [c for c in checks if c["outcome"] == "fail"]
     open_ = [c for c in checks if c["outcome"] in ("inconclusive", "not_measured")]
 

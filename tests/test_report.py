@@ -59,8 +59,22 @@ def test_markdown_and_html_carry_the_decisions_and_the_plots(sample_run):
     assert "<link" not in html
     assert "needle probe not run" not in html  # needle.json is there: the absence names the real reason
     assert rendered.absent == [
-        "Needle heatmaps: no heatmap module (kvprobe.report.heatmap) and no heatmap files from the needle probe"
+        "Needle heatmaps: no heatmap files from the needle probe and no heatmap module (kvprobe.report.heatmap)"
     ] or any("needle" in str(p) for p in rendered.plots)
+
+
+def test_the_needle_probes_own_heatmaps_are_embedded(sample_run):
+    data = sample_run.read_json("needle.json")
+    render_reports(sample_run, sample_run.read_json("verdict.json"))
+    png = (sample_run.path / "plots" / "capacity.png").read_bytes()  # any real PNG will do
+    (sample_run.path / "needle").mkdir()
+    (sample_run.path / "needle" / "heatmap-ref.png").write_bytes(png)
+    sample_run.write_json("needle.json", {**data, "heatmaps": {"ref": "needle/heatmap-ref.png",
+                                                               "gone": "needle/missing.png"}})
+    rendered = render_reports(sample_run, sample_run.read_json("verdict.json"))
+    assert sample_run.path / "needle" / "heatmap-ref.png" in rendered.plots
+    assert "(needle/heatmap-ref.png)" in rendered.markdown.read_text()
+    assert rendered.html.read_text().count('<img class="plot"') == 5
 
 
 def test_latencies_come_from_the_events_log(sample_run):

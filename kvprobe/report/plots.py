@@ -210,31 +210,31 @@ def latency_cdfs(v: dict[str, Any], run: RunDir | None) -> bytes | None:
 
 
 def needle_heatmaps(v: dict[str, Any], run: RunDir | None, out_dir: Path) -> list[tuple[str, Path]] | str:
-    """Heatmaps drawn by kvprobe.report.heatmap (the needle probe's module) from needle.json; when
-    that module is not there, the PNGs the needle probe left in the run directory. A string says
-    why there is none."""
+    """The heatmaps the needle probe drew (needle.json "heatmaps": title -> file); else drawn here with
+    its module (kvprobe.report.heatmap) from needle.json's cases. A string says why there is none."""
     if run is None or not run.has("needle.json"):
         return "needle probe not run"
-    cases = [c for c in orjson.loads((run.path / "needle.json").read_bytes()).get("cases") or []
+    data = orjson.loads((run.path / "needle.json").read_bytes())
+    listed = data.get("heatmaps") if isinstance(data.get("heatmaps"), dict) else {}
+    found = [(f"needle: {title}", run.path / rel) for title, rel in listed.items()
+             if isinstance(rel, str) and (run.path / rel).is_file()]
+    if found:
+        return found
+    cases = [c for c in data.get("cases") or []
              if isinstance(c, dict) and {"server", "status", "target_length", "target_depth"} <= set(c)]
     try:
         heatmap = importlib.import_module("kvprobe.report.heatmap")
     except ModuleNotFoundError:
-        heatmap = None
-    if heatmap is not None and cases:
-        out: list[tuple[str, Path]] = []
-        servers = [n for n in v["order"] if any(c["server"] == n for c in cases)]
-        for name in servers:
-            out.append((f"needle: {name}", heatmap.status_heatmap(cases, name, out_dir / f"needle-{name}.png")))
-        for name in servers:
-            if name != v["reference"] and v["reference"] in servers:
-                out.append((f"needle: {name} vs {v['reference']}",
-                            heatmap.paired_heatmap(cases, v["reference"], name,
-                                                   out_dir / f"needle-{name}-vs-{v['reference']}.png")))
-        return out
-    found = sorted(p for p in run.path.rglob("*.png") if "needle" in p.as_posix() and out_dir not in p.parents)
-    if found:
-        return [(f"needle: {p.stem}", p) for p in found]
-    if heatmap is None:
-        return "no heatmap module (kvprobe.report.heatmap) and no heatmap files from the needle probe"
-    return "needle.json has no cases with target_length and target_depth"
+        return "no heatmap files from the needle probe and no heatmap module (kvprobe.report.heatmap)"
+    if not cases:
+        return "needle.json has no cases with target_length and target_depth"
+    out: list[tuple[str, Path]] = []
+    servers = [n for n in v["order"] if any(c["server"] == n for c in cases)]
+    for name in servers:
+        out.append((f"needle: {name}", heatmap.status_heatmap(cases, name, out_dir / f"needle-{name}.png")))
+    for name in servers:
+        if name != v["reference"] and v["reference"] in servers:
+            out.append((f"needle: {name} vs {v['reference']}",
+                        heatmap.paired_heatmap(cases, v["reference"], name,
+                                               out_dir / f"needle-{name}-vs-{v['reference']}.png")))
+    return out
