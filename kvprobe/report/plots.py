@@ -17,6 +17,7 @@ import numpy as np
 import orjson
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from kvprobe.store import RunDir
 from kvprobe.verdict import case_key, natural_order
@@ -66,6 +67,7 @@ def capacity_chart(v: dict[str, Any]) -> bytes | None:
         label = f"{t:,.0f}" + (f"  ({t / ref_tokens:.2f}x)" if ref_tokens else "")
         ax.text(t, y, " " + label, va="center", fontsize=9)
     ax.set_xlim(0, max(tokens) * 1.35)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:,.0f}"))
     ax.set_xlabel("KV cache capacity (tokens, from /metrics)")
     ax.set_title("Capacity per server (colour = decision)", fontsize=10)
     ax.spines[["top", "right"]].set_visible(False)
