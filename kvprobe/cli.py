@@ -105,7 +105,7 @@ def _signing_key(key: Path | None):  # -> SigningKey
     if signing_key.created:
         err_console.print(f"created a signing key at [bold]{signing_key.source}[/bold] (0600, "
                           f"{signing_key.fingerprint}); its public key is listed in {default_allowed_signers()}",
-                          highlight=False)
+                          highlight=False, soft_wrap=True)
     return signing_key
 
 
@@ -135,8 +135,10 @@ def _report(run: RunDir, verdict: dict) -> None:
     for name, d in verdict["decisions"].items():
         out_console.print(f"  {name}: [bold]{d['decision']}[/bold]", highlight=False)
     signed = f"signed by {sig['fingerprint']}" if sig else "not signed"
-    err_console.print(f"verdict: {run.path / 'verdict.json'} ({signed})", highlight=False)
-    err_console.print(f"report: [bold]{rendered.html}[/bold] and {rendered.markdown}", highlight=False)
+    # soft_wrap: paths stay on one line, for copy and paste
+    err_console.print(f"verdict: {run.path / 'verdict.json'} ({signed})", highlight=False, soft_wrap=True)
+    err_console.print(f"report: [bold]{rendered.html}[/bold] and {rendered.markdown}", highlight=False,
+                      soft_wrap=True)
 
 
 def _run(config, run: RunDir, probe_list: list[str], key: Path | None, resume: bool):  # -> EvalOutcome
@@ -148,7 +150,7 @@ def _run(config, run: RunDir, probe_list: list[str], key: Path | None, resume: b
         outcome = run_eval_sync(config, run, probe_list, err_console, signing_key=signing_key, resume=resume)
     except KeyboardInterrupt:
         err_console.print(f"[yellow]interrupted:[/yellow] everything measured is in {run.path}; finish it with "
-                          f"`kvprobe eval --servers FILE --resume {run.path}`", highlight=False)
+                          f"`kvprobe eval --servers FILE --resume {run.path}`", highlight=False, soft_wrap=True)
         sys.exit(130)
     except KvprobeError as exc:
         _fail([str(exc)], exc.exit_code)

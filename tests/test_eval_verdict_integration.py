@@ -189,3 +189,20 @@ def test_canary_against_a_verified_baseline(full_run, servers_file, env, tmp_pat
     (tampered / "verdict.json").write_bytes(data.replace(b'"exit_code": ', b'"exit_code":  ', 1))
     bad = kvprobe("canary", "--servers", str(servers_file), "--baseline", str(tampered), env=env, timeout=120)
     assert bad.returncode == 2 and "--baseline" in bad.stderr and "changed after it was signed" in bad.stderr
+
+
+def test_ctrl_c_keeps_the_run_and_says_how_to_resume(servers_file, env, tmp_path):
+    out = tmp_path / "interrupted"
+    proc = subprocess.Popen([sys.executable, "-m", "kvprobe.cli", "eval", "--servers", str(servers_file),
+                             "--out", str(out), "--probes", "capacity"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (out / "run.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)  # during the inventory's first-prefill smoke
+    _, stderr = proc.communicate(timeout=120)
+    if proc.returncode in (0, 1):
+        pytest.skip("the run finished before the interrupt arrived")
+    assert proc.returncode == 130, stderr
+    assert "interrupted" in stderr and f"--resume {out}" in stderr
+    assert (out / "run.json").is_file() and not (out / "verdict.json").exists()
