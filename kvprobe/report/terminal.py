@@ -71,3 +71,25 @@ def needle_table(summary: dict[str, Any]) -> Table:
         counts = f"{row['hit']}/{row['miss']}/{row['truncated']}/{row['error']}"
         table.add_row(name, counts, _num(row.get("recall"), ".0%"), versus, drop, bar)
     return table
+
+
+_STYLE = {"adopt": "green", "pass": "green", "reject": "red", "fail": "red", "inconclusive": "yellow",
+          "no_gain": "dim", "not_measured": "dim", "invalid": "magenta", "broken": "bold red", "reference": "blue"}
+
+
+def rich_table(data: Any) -> Table:
+    """A kvprobe.report.tables.TableData as a rich table; the decision/outcome cell is coloured."""
+    table = Table(title=data.title, header_style="bold", caption=data.note, caption_justify="left")
+    for header in data.headers:
+        table.add_column(header, overflow="fold")
+    for row, tag in zip(data.rows, data.tags or [None] * len(data.rows), strict=False):
+        style = _STYLE.get(tag or "")
+        table.add_row(*[f"[{style}]{c}[/{style}]" if style and c == tag else c for c in row])
+    return table
+
+
+def verdict_tables(verdict: dict[str, Any]) -> list[Table]:
+    """Decisions first, then the evidence: servers, quality, needle, load (every check is in the files)."""
+    from kvprobe.report.tables import all_tables
+
+    return [rich_table(t) for t in all_tables(verdict) if t.title not in ("Every check", "Bars (fixed before the run)")]

@@ -14,7 +14,7 @@ from replay import MultiReplay
 from rich.console import Console
 
 from kvprobe.config import parse_config
-from kvprobe.errors import EXIT_BROKEN, EXIT_OK, ConfigError
+from kvprobe.errors import EXIT_BAR_FAILED, EXIT_BROKEN, ConfigError
 from kvprobe.evaluation import run_eval
 from kvprobe.needle.tokens import TiktokenEncoder, TokenizerUnavailable
 from kvprobe.store import RunDir
@@ -61,7 +61,9 @@ async def _run(config, path, trio: Trio):
 async def test_needle_json_events_and_heatmaps(tmp_path) -> None:
     trio = Trio()
     outcome, run, printed = await _run(_config(), tmp_path / "run", trio)
-    assert outcome.exit_code == EXIT_OK, outcome.messages
+    # int8 loses every needle: the verdict rejects it, and with no candidate adopted the run exits 1
+    assert outcome.exit_code == EXIT_BAR_FAILED, outcome.messages
+    assert run.read_json("verdict.json")["decisions"]["int8"]["decision"] == "reject"
     data = run.read_json("needle.json")
     assert data["reference"] == "auto"
     assert set(data["servers"]) == {"auto", "fp8", "int8"}
@@ -138,7 +140,7 @@ async def test_changed_settings_start_a_new_plan(tmp_path) -> None:
 async def test_streamed_answers_score_the_same(tmp_path) -> None:
     trio = Trio()
     outcome, run, _ = await _run(_config(stream=True), tmp_path / "run", trio)
-    assert outcome.exit_code == EXIT_OK
+    assert outcome.exit_code == EXIT_BAR_FAILED  # int8 rejected, nothing adopted
     assert all(b.get("stream") for m in trio.models.values() for b in m.bodies)
     data = run.read_json("needle.json")
     assert [data["servers"][n]["hit"] for n in ("auto", "fp8", "int8")] == [6, 6, 0]
