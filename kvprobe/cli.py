@@ -95,31 +95,86 @@ def audit(urls: tuple[str, ...], as_json: bool, api_key_env: str | None, no_smok
         sys.exit(EXIT_CANNOT_RUN if any(i.status != "broken" for i in failed) else 4)
 
 
-PROBES_HELP = "comma-separated probes: capacity,perplexity,agreement,needle,load (default: all)"
+PROBES_HELP = "comma-separated probes: capacity,perplexity,agreement,needle,load (default: all installed)"
 
 
-def _evaluate(config_path: Path, out: Path | None, probes: str | None) -> None:
-    from kvprobe.evaluation import available_probes, run_eval_sync
+def _signing_key(key: Path | None):  # -> SigningKey
+    from kvprobe.sign import default_allowed_signers, load_signing_key
 
+    signing_key = load_signing_key(key)
+    if signing_key.created:
+        err_console.print(f"created a signing key at [bold]{signing_key.source}[/bold] (0600, "
+                          f"{signing_key.fingerprint}); its public key is listed in {default_allowed_signers()}",
+                          highlight=False, soft_wrap=True)
+    return signing_key
+
+
+def _open_run(out: Path | None, resume: Path | None, config, probes: str | None) -> tuple[RunDir, list[str]]:
+    from kvprobe.evaluation import available_probes, check_resume
+
+    if out is not None and resume is not None:
+        raise ConfigError(["--out and --resume: give one (--resume reopens an existing run directory)"])
+    if resume is not None:
+        run = RunDir.open(resume)
+        recorded = check_resume(config, run).get("probes") or available_probes()
+        return run, [p.strip() for p in probes.split(",") if p.strip()] if probes else list(recorded)
+    return RunDir.create(out), [p.strip() for p in probes.split(",") if p.strip()] if probes else available_probes()
+
+
+def _report(run: RunDir, verdict: dict) -> None:
+    """Render report.md/report.html and print the decisions and where everything is."""
+    from kvprobe.report.terminal import verdict_tables
+    from kvprobe.report.write import render_reports, signature_info
+
+    rendered = render_reports(run, verdict)
+    for table in verdict_tables(verdict):
+        out_console.print(table)
+    sig = signature_info(run)
+    rec = verdict["recommendation"]
+    out_console.print(f"[bold]recommendation: {rec['server']}[/bold] — {rec['reason']}", highlight=False)
+    for name, d in verdict["decisions"].items():
+        out_console.print(f"  {name}: [bold]{d['decision']}[/bold]", highlight=False)
+    signed = f"signed by {sig['fingerprint']}" if sig else "not signed"
+    # soft_wrap: paths stay on one line, for copy and paste
+    err_console.print(f"verdict: {run.path / 'verdict.json'} ({signed})", highlight=False, soft_wrap=True)
+    err_console.print(f"report: [bold]{rendered.html}[/bold] and {rendered.markdown}", highlight=False,
+                      soft_wrap=True)
+
+
+def _run(config, run: RunDir, probe_list: list[str], key: Path | None, resume: bool):  # -> EvalOutcome
+    from kvprobe.evaluation import run_eval_sync
+
+    signing_key = _signing_key(key)
+    err_console.print(f"run directory: [bold]{run.path}[/bold]" + (" (resumed)" if resume else ""))
     try:
-        config = load_config(config_path)
-        probe_list = [p.strip() for p in probes.split(",") if p.strip()] if probes else available_probes()
-        run = RunDir.create(out)
-    except ConfigError as exc:
-        _fail(exc.problems)
-    err_console.print(f"run directory: [bold]{run.path}[/bold]")
-    try:
-        outcome = run_eval_sync(config, run, probe_list, err_console)
+        outcome = run_eval_sync(config, run, probe_list, err_console, signing_key=signing_key, resume=resume)
+    except KeyboardInterrupt:
+        err_console.print(f"[yellow]interrupted:[/yellow] everything measured is in {run.path}; finish it with "
+                          f"`kvprobe eval --servers FILE --resume {run.path}`", highlight=False, soft_wrap=True)
+        sys.exit(130)
     except KvprobeError as exc:
         _fail([str(exc)], exc.exit_code)
-    if "capacity" in outcome.ctx.results:
-        cap = outcome.ctx.results["capacity"]
-        out_console.print(capacity_table(cap))
-        pin = cap["pin"]
-        out_console.print("pin check: " + ("[green]valid[/green] (servers differ only in KV dtype)"
-                                           if pin["valid"] else "[red]INVALID[/red]"))
+    verdict = outcome.ctx.results.get("verdict")
+    if verdict is not None:
+        _report(run, verdict)
+    elif "capacity" in outcome.ctx.results:
+        out_console.print(capacity_table(outcome.ctx.results["capacity"]))
     for line in outcome.messages:
         err_console.print(f"[bold red]error:[/bold red] {line}", highlight=False, soft_wrap=True)
+    return outcome
+
+
+def _evaluate(config_path: Path, out: Path | None, probes: str | None, resume: Path | None = None,
+              key: Path | None = None) -> None:
+    try:
+        config = load_config(config_path)
+        run, probe_list = _open_run(out, resume, config, probes)
+    except ConfigError as exc:
+        _fail(exc.problems)
+    try:
+        outcome = _run(config, run, probe_list, key, resume is not None)
+    except ConfigError as exc:
+        _fail(exc.problems)
     err_console.print(f"results in [bold]{run.path}[/bold]")
     sys.exit(outcome.exit_code)
 
@@ -129,17 +184,26 @@ def _evaluate(config_path: Path, out: Path | None, probes: str | None) -> None:
               help="servers.toml")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="run directory (default runs/<UTC time>-<id>)")
-@click.option("--probes", default=None, help=PROBES_HELP)
-def eval_cmd(servers_file: Path, out: Path | None, probes: str | None) -> None:
-    """Measure every server in servers.toml against the reference and write a run directory."""
-    _evaluate(servers_file, out, probes)
+@click.option("--resume", type=click.Path(path_type=Path), default=None,
+              help="reopen this run directory and finish it: what it already measured is skipped")
+@click.option("--probes", default=None, help=PROBES_HELP + "; with --resume, the run's own")
+@click.option("--key", type=click.Path(path_type=Path), default=None,
+              help="OpenSSH Ed25519 private key that signs the verdict (else $KVPROBE_SIGNING_KEY, else "
+                   "kvprobe's own key in the config directory, created on first use)")
+def eval_cmd(servers_file: Path, out: Path | None, resume: Path | None, probes: str | None, key: Path | None) -> None:
+    """Measure every server in servers.toml against the reference; write, sign and report the verdict.
+
+    Exit: 0 done (read the decisions), 1 no candidate adopted and one fails or does not pass a bar,
+    2 cannot run, 3 invalid comparison, 4 a server is broken, 130 interrupted (resume it)."""
+    _evaluate(servers_file, out, probes, resume, key)
 
 
 @main.command()
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="run directory")
 @click.option("--probes", default=None, help=PROBES_HELP)
 @click.option("--stop", is_flag=True, help="stop the demo servers afterwards")
-def demo(out: Path | None, probes: str | None, stop: bool) -> None:
+@click.option("--key", type=click.Path(path_type=Path), default=None, help="signing key, as for eval")
+def demo(out: Path | None, probes: str | None, stop: bool, key: Path | None) -> None:
     """Start three real local vLLM CPU servers (needle-llama; auto, fp8, int8_per_token_head) and
     evaluate them with the repository's servers.toml."""
     from kvprobe.servers import LaunchError, demo_specs, start_many, stop_all
@@ -153,10 +217,179 @@ def demo(out: Path | None, probes: str | None, stop: bool) -> None:
     for server in servers:
         err_console.print(f"  {server.spec.kv_cache_dtype:>20} {server.url}" + (" (reused)" if server.reused else ""))
     try:
-        _evaluate(PROJECT_ROOT / "servers.toml", out, probes)
+        _evaluate(PROJECT_ROOT / "servers.toml", out, probes, key=key)
     finally:
         if stop:
             stop_all()
+
+
+def _parse_bytes(text: str) -> int:
+    """'1073741824', '1GiB', '512MiB', '8GB' -> bytes."""
+    units = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
+             "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4, "tb": 1000**4, "tib": 1024**4}
+    raw = text.strip().lower().replace("_", "").replace(",", "")
+    number = raw.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = raw[len(number):].strip()
+    try:
+        value = float(number) * units[unit]
+    except (ValueError, KeyError):
+        raise click.BadParameter(f"{text!r} is not a size like 1073741824, 1GiB or 512MiB") from None
+    if value < 1:
+        raise click.BadParameter(f"{text!r} must be positive")
+    return int(value)
+
+
+@main.command()
+@click.argument("config", type=click.Path(path_type=Path))
+@click.option("--max-model-len", type=click.IntRange(min=1), default=None,
+              help="tokens per request (default: the config's max_position_embeddings)")
+@click.option("--kv-dtype", "kv_dtypes", default="auto,fp8", show_default=True,
+              help="comma-separated --kv-cache-dtype values; the first is the reference")
+@click.option("--kv-memory", default="1GiB", show_default=True, help="KV cache memory (bytes, or 1GiB, 512MiB)")
+@click.option("--mamba-ssm-dtype", default="auto", show_default=True,
+              type=click.Choice(["auto", "float32", "float16", "bfloat16"]),
+              help="SSM state dtype (auto: the model's default, float32 for NemotronH)")
+@click.option("--mamba-cache-dtype", default="auto", show_default=True,
+              type=click.Choice(["auto", "float32", "float16", "bfloat16"]), help="conv state dtype")
+@click.option("--mamba-cache-mode", default="auto", show_default=True, type=click.Choice(["auto", "align", "none"]),
+              help="align: prefix caching on; none: off; auto: vLLM's default (align for hybrids)")
+@click.option("--block-size", default=128, show_default=True, type=click.IntRange(min=1),
+              help="vLLM --block-size (the CPU build's default is 128)")
+@click.option("--block-align", default=128, show_default=True, type=click.IntRange(min=1),
+              help="hybrid alignment unit in tokens (128 measured on the CPU build)")
+@click.option("--max-num-batched-tokens", default=2048, show_default=True, type=click.IntRange(min=1),
+              help="sliding-window layers reserve blocks for this many in-flight tokens")
+@click.option("--chart", type=click.Path(path_type=Path), default=None,
+              help="where to write the 'where the bytes are' PNG (default memmap.png; with --json only if given)")
+@click.option("--json", "as_json", is_flag=True, help="print JSON instead of tables")
+def memmap(config: Path, max_model_len: int | None, kv_dtypes: str, kv_memory: str, mamba_ssm_dtype: str,
+           mamba_cache_dtype: str, mamba_cache_mode: str, block_size: int, block_align: int,
+           max_num_batched_tokens: int, chart: Path | None, as_json: bool) -> None:
+    """Where the KV bytes are, and the most a KV dtype can free, predicted from a config.json."""
+    from kvprobe.memmap import Settings, build
+    from kvprobe.report.bytes_chart import bytes_chart
+    from kvprobe.report.memmap_table import dtype_table, summary_table
+
+    try:
+        settings = Settings(
+            kv_memory_bytes=_parse_bytes(kv_memory), block_size=block_size, block_align=block_align,
+            mamba_cache_mode=None if mamba_cache_mode == "auto" else mamba_cache_mode,
+            mamba_cache_dtype=mamba_cache_dtype,
+            mamba_ssm_cache_dtype=mamba_ssm_dtype, max_num_batched_tokens=max_num_batched_tokens,
+        )
+        mm = build(config, [d.strip() for d in kv_dtypes.split(",") if d.strip()], max_model_len, settings)
+    except click.BadParameter as exc:
+        _fail([f"--kv-memory: {exc.message}"])
+    except ConfigError as exc:
+        _fail(exc.problems)
+    if as_json:
+        click.echo(orjson.dumps(mm.to_json(), option=orjson.OPT_INDENT_2).decode())
+    else:
+        out_console.print(summary_table(mm))
+        for dtype in mm.plans:
+            out_console.print(dtype_table(mm, dtype))
+        for note in mm.model.notes:
+            err_console.print(f"[yellow]note:[/yellow] {note}", highlight=False)
+        out_console.print(mm.conclusion(), highlight=False, soft_wrap=True)
+    if chart is not None or not as_json:
+        try:
+            written = bytes_chart(mm, chart or Path("memmap.png"))
+        except OSError as exc:
+            _fail([f"--chart {chart or 'memmap.png'}: cannot write the chart: {exc.strerror}"])
+        err_console.print(f"chart: [bold]{written}[/bold]", highlight=False)
+
+
+@main.command(name="report")
+@click.argument("run_dir", type=click.Path(path_type=Path))
+def report_cmd(run_dir: Path) -> None:
+    """Re-render a run directory's report (terminal, report.md, report.html) from what is on disk.
+
+    Uses DIR/verdict.json when there is one; else decides from the measurements (unsigned, nothing
+    written but the reports)."""
+    from kvprobe.verdict import build_verdict
+
+    try:
+        run = RunDir.open(run_dir)
+    except ConfigError as exc:
+        _fail(exc.problems)
+    if run.has("verdict.json"):
+        verdict = run.read_json("verdict.json")
+    else:
+        err_console.print("[yellow]note:[/yellow] no verdict.json (the run did not finish): deciding from what "
+                          "is on disk, unsigned", highlight=False)
+        verdict = build_verdict(run)
+    _report(run, verdict)
+
+
+@main.command(name="canary")
+@click.option("--servers", "servers_file", required=True, type=click.Path(path_type=Path), help="servers.toml")
+@click.option("--baseline", type=click.Path(path_type=Path), default=None,
+              help="an earlier verdict (or its run directory): verified, then compared for drift")
+@click.option("--allowed-signers", type=click.Path(path_type=Path), default=None,
+              help="who may have signed the baseline (default as for `kvprobe verify`)")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="run directory (default runs/<time>-<id>)")
+@click.option("--key", type=click.Path(path_type=Path), default=None, help="signing key, as for eval")
+def canary_cmd(servers_file: Path, baseline: Path | None, allowed_signers: Path | None, out: Path | None,
+               key: Path | None) -> None:
+    """A fast subset for a staging pipeline: smoke, capacity, short perplexity, a few needles, a short
+    load case. Exit 0 pass, 1 a bar fails (or drift beyond a bar from --baseline), 2 cannot run,
+    3 invalid, 4 broken."""
+    from kvprobe.canary import canary_config, canary_probes, compare_with_baseline, drift_table
+
+    try:
+        config = canary_config(load_config(servers_file))
+        base = None
+        if baseline is not None:
+            from kvprobe.verify import verify_verdict
+
+            base = verify_verdict(baseline, allowed_signers)
+            err_console.print(f"baseline {base.path}: signature ok ({base.signer.fingerprint}), decisions "
+                              "re-derived", highlight=False)
+        run = RunDir.create(out)
+    except KvprobeError as exc:
+        lines = exc.problems if isinstance(exc, ConfigError) else [f"--baseline: {exc}"]
+        _fail(lines, EXIT_CANNOT_RUN)
+    try:
+        outcome = _run(config, run, canary_probes(), key, False)
+    except ConfigError as exc:
+        _fail(exc.problems)
+    code = outcome.exit_code
+    verdict = outcome.ctx.results.get("verdict")
+    if base is not None and verdict is not None:
+        drift = compare_with_baseline(base.verdict, verdict, str(base.path))
+        run.write_json("canary.json", drift)
+        out_console.print(drift_table(drift))
+        if drift["fails"] and code == 0:
+            code = 1
+            err_console.print("[bold red]drift:[/bold red] " + "; ".join(drift["fails"]), highlight=False)
+    err_console.print(f"results in [bold]{run.path}[/bold]")
+    sys.exit(code)
+
+
+@main.command(name="verify")
+@click.argument("target", type=click.Path(path_type=Path))
+@click.option("--allowed-signers", type=click.Path(path_type=Path), default=None,
+              help="OpenSSH allowed_signers file (default: $KVPROBE_ALLOWED_SIGNERS, else the one beside "
+                   "kvprobe's own key in the config directory)")
+@click.option("--signer", default=None, help="require this principal from the allowed_signers file")
+def verify_cmd(target: Path, allowed_signers: Path | None, signer: str | None) -> None:
+    """Check a verdict's signature, then re-derive every decision from its numbers.
+
+    TARGET is a run directory or its verdict.json. Exit 0 holds, 1 does not hold, 2 cannot check."""
+    from kvprobe.verify import verify_verdict
+
+    try:
+        result = verify_verdict(target, allowed_signers, signer)
+    except KvprobeError as exc:
+        _fail(str(exc).splitlines(), exc.exit_code)
+    v = result.verdict
+    out_console.print(f"[green]signature ok[/green]: {result.path} signed by {result.signer.fingerprint} "
+                      f"({', '.join(result.signer.principals)} in {result.allowed_source})", highlight=False)
+    out_console.print("[green]decisions re-derived[/green] from the recorded numbers and bars: "
+                      + ", ".join(f"{n} {d['decision']}" for n, d in v["decisions"].items())
+                      + f"; recommendation {v['recommendation']['server']}", highlight=False)
+    for note in result.notes:
+        err_console.print(f"[yellow]note:[/yellow] {note}", highlight=False)
 
 
 if __name__ == "__main__":

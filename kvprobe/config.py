@@ -86,15 +86,32 @@ class AgreementSettings(_Strict):
 
 
 class NeedleSettings(_Strict):
-    count: int = Field(20, ge=1)
-    lengths: list[int] | None = Field(None, description="context lengths in tokens; default spread 1k..max")
-    depths: list[float] | None = Field(None, description="depths in [0, 1]; default spread 0..1")
+    count: int = Field(20, ge=1, description="needles per server; case i sits in grid cell i mod cells")
+    lengths: list[int] | None = Field(None, description="prompt lengths in tokens (chat template included); "
+                                      "default: spread from min_length to the largest that fits")
+    depths: list[float] | None = Field(None, description="needle depths in [0, 1]; default 0, .25, .5, .75, 1")
     min_length: int = Field(1024, ge=64)
     max_tokens: int = Field(1024, ge=1, description="answer budget, reasoning included")
-    templates: list[str] = Field(default_factory=lambda: ["ruler"])
+    templates: list[str] = Field(default_factory=lambda: ["ruler"], min_length=1,
+                                 description="needle/question templates from tasks/needle/templates.json")
     seed: int = 0
     stream: bool = False
-    concurrency: int = Field(2, ge=1)
+    concurrency: int = Field(2, ge=1, description="cases in flight per server")
+    tiktoken_encoding: str = Field("cl100k_base", description="estimate when no server has /tokenize")
+
+    @field_validator("lengths")
+    @classmethod
+    def _lengths(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and (not value or min(value) < 16):
+            raise ValueError("give at least one length, each at least 16 tokens")
+        return None if value is None else sorted(set(value))
+
+    @field_validator("depths")
+    @classmethod
+    def _depths(cls, value: list[float] | None) -> list[float] | None:
+        if value is not None and (not value or min(value) < 0 or max(value) > 1):
+            raise ValueError("depths are fractions of the haystack: give at least one, each in [0, 1]")
+        return None if value is None else sorted(set(value))
 
 
 class Slo(_Strict):
@@ -257,4 +274,7 @@ def load_config(path: str | Path) -> Config:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"{path}: not valid TOML: {exc}"]) from None
+    # Paths inside servers.toml are relative to the file, not to wherever kvprobe was started.
+    if isinstance(data.get("model_config"), str) and not Path(data["model_config"]).is_absolute():
+        data["model_config"] = str(path.parent / data["model_config"])
     return parse_config(data, str(path))

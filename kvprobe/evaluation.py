@@ -1,7 +1,9 @@
 """`kvprobe eval`: config -> inventory -> pin check -> probes -> files in the run directory.
 
 Exit status follows from what was found, most serious first: 2 cannot run (a server unreachable,
-wrong key, unreadable capacity), 3 invalid comparison, 4 a server is broken, 1 a bar failed, 0 ok.
+wrong key, unreadable capacity), 3 invalid comparison, 4 a server is broken, then the verdict's own
+code (1: no candidate adopted and one fails or does not pass a bar; see kvprobe.verdict), 0 ok.
+After the probes the verdict is written from what is on disk and signed (verdict.json(.sig)).
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from rich.console import Console
 from kvprobe import __version__
 from kvprobe.client import Client
 from kvprobe.config import Config
-from kvprobe.errors import EXIT_BROKEN, EXIT_CANNOT_RUN, EXIT_INVALID, EXIT_OK
+from kvprobe.errors import EXIT_BROKEN, EXIT_CANNOT_RUN, EXIT_INVALID, EXIT_OK, ConfigError
 from kvprobe.inventory import Inventory, take_inventories
 from kvprobe.pin import PinCheck, check_pin
-from kvprobe.probes.capacity import capacity_summary
+from kvprobe.probes.capacity import capacity_summary, memory_map_summary
+from kvprobe.sign import SigningKey, sign_file
 from kvprobe.store import RunDir, utc_now
+from kvprobe.verdict import write_verdict
 
 PROBE_ORDER = ("capacity", "perplexity", "agreement", "needle", "load")
 
@@ -82,7 +86,16 @@ def available_probes() -> list[str]:
 
 async def _capacity_probe(ctx: EvalContext) -> dict[str, Any]:
     summary = capacity_summary(ctx.reference, ctx.inventories, ctx.pin)
+    memmap: dict[str, Any] = {}
+    if ctx.config.model_config_path:
+        memmap = summary["memmap"] = memory_map_summary(
+            ctx.config.model_config_path, ctx.reference, ctx.inventories, ctx.config.bars.capacity_gain_min,
+            ctx.run.path / "memmap.png")
     ctx.run.write_json("capacity.json", summary)
+    if "error" in memmap:
+        raise ConfigError([memmap["error"]])
+    if memmap:
+        ctx.console.print(f"memory map: {memmap.get('conclusion') or memmap.get('skipped')}", highlight=False)
     return summary
 
 
@@ -101,19 +114,55 @@ class EvalOutcome:
     ctx: EvalContext
 
 
-async def run_eval(
-    config: Config,
-    run: RunDir,
-    probes: list[str],
-    console: Console,
-    transport: Any = None,
-) -> EvalOutcome:
+def check_resume(config: Config, run: RunDir) -> dict[str, Any]:
+    """A resumed run keeps the config it started with: bars and settings are fixed before any number
+    comes in, and finished cases are only comparable with the rest under the same settings."""
+    meta = run.read_json("run.json")
+    recorded, now = meta.get("config") or {}, config.public_dict()
+    if recorded != now:
+        keys = sorted(k for k in set(recorded) | set(now) if recorded.get(k) != now.get(k))
+        raise ConfigError([f"--resume {run.path}: the servers file differs from the one this run started with "
+                           f"(at {', '.join(keys)}): resume with the same file, or start a new run"])
+    return meta
+
+
+def _write_run_json(run: RunDir, config: Config, probes: list[str], resume: bool) -> None:
+    if resume and run.has("run.json"):
+        meta = run.read_json("run.json")
+        asked = set(meta.get("probes") or []) | set(probes)
+        meta["probes"] = [p for p in PROBE_ORDER if p in asked] + sorted(asked - set(PROBE_ORDER))
+        meta["resumed"] = [*meta.get("resumed", []), utc_now()]
+        run.write_json("run.json", meta)
+        return
     run.write_json("run.json", {
         "kvprobe_version": __version__,
         "started": utc_now(),
         "probes": probes,
         "config": config.public_dict(),
     })
+
+
+def conclude(run: RunDir, signing_key: SigningKey | None) -> dict[str, Any]:
+    """Write verdict.json from what is on disk and sign its exact bytes into verdict.json.sig."""
+    verdict, _ = write_verdict(run)
+    if signing_key is not None:
+        sign_file(run.path / "verdict.json", signing_key)
+    else:
+        (run.path / "verdict.json.sig").unlink(missing_ok=True)  # a stale signature would not match
+    return verdict
+
+
+async def run_eval(
+    config: Config,
+    run: RunDir,
+    probes: list[str],
+    console: Console,
+    transport: Any = None,
+    *,
+    signing_key: SigningKey | None = None,
+    resume: bool = False,
+) -> EvalOutcome:
+    _write_run_json(run, config, probes, resume)
     async with AsyncExitStack() as stack:
         clients = make_clients(config, transport)
         for client in clients.values():
@@ -171,6 +220,7 @@ async def run_eval(
             code = EXIT_BROKEN
         messages += [inv.error or f"{inv.name} is broken" for inv in broken]
         messages += [f"{name} broke during the run: {err}" for name, err in ctx.broken.items()]
+        ctx.results["verdict"] = conclude(run, signing_key)
         if code == EXIT_OK and "verdict" in ctx.results:
             code = ctx.results["verdict"].get("exit_code", EXIT_OK)
         return EvalOutcome(code, messages, ctx)

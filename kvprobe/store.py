@@ -88,7 +88,11 @@ class RunDir:
         """Append one measurement to events.jsonl and flush it to disk before returning."""
         record = {"t": utc_now(), "kind": kind, **fields}
         line = orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS) + b"\n"
-        with self._lock, open(self.path / "events.jsonl", "ab") as fh:
+        with self._lock, open(self.path / "events.jsonl", "ab+") as fh:
+            if fh.tell() > 0:
+                fh.seek(-1, os.SEEK_END)
+                if fh.read(1) != b"\n":
+                    line = b"\n" + line  # a crash tore the last line: never glue onto it
             fh.write(line)
             fh.flush()
             os.fsync(fh.fileno())

@@ -37,3 +37,18 @@ def vllm_servers() -> Iterator[dict[str, LocalServer]]:
         for server in servers:
             if not server.reused:
                 server.stop()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_config_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """`eval` signs its verdict: no test creates or uses a key in the user's real config directory."""
+    saved = {k: os.environ.get(k) for k in ("XDG_CONFIG_HOME", "KVPROBE_SIGNING_KEY", "KVPROBE_ALLOWED_SIGNERS")}
+    os.environ["XDG_CONFIG_HOME"] = str(tmp_path_factory.mktemp("xdg-config"))
+    os.environ.pop("KVPROBE_SIGNING_KEY", None)
+    os.environ.pop("KVPROBE_ALLOWED_SIGNERS", None)
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value

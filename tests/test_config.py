@@ -114,3 +114,9 @@ def test_parse_config_needs_a_server() -> None:
     with pytest.raises(ConfigError) as info:
         parse_config({"bars": {}})
     assert "server" in info.value.problems[0] and "missing" in info.value.problems[0]
+
+
+def test_model_config_path_is_relative_to_servers_toml(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    config = load_config(write(tmp_path / "sub", 'model_config = "cfg/config.json"\n' + GOOD))
+    assert config.model_config_path == str(tmp_path / "sub" / "cfg" / "config.json")

@@ -44,7 +44,8 @@ metrics_interval_s = 0.1
 """)
     out = tmp_path / "run"
     result = _eval(cfg, out)
-    assert result.exit_code == 0, result.stderr
+    assert result.exit_code in (0, 1), result.stderr  # 1: the verdict has no quality probes to go on
+    assert "broke during the run" not in result.stderr
     data = json.loads((out / "load.json").read_text())
     for name in ("auto", "fp8"):
         server = data["servers"][name]

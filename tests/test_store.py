@@ -35,3 +35,12 @@ def test_json_is_deterministic_and_atomic(tmp_path: Path) -> None:
 def test_open_requires_a_run_directory(tmp_path: Path) -> None:
     with pytest.raises(ConfigError):
         RunDir.open(tmp_path)
+
+
+def test_event_after_a_torn_line_is_kept(tmp_path: Path) -> None:
+    run = RunDir.create(tmp_path / "r")
+    run.event("a", n=1)
+    with open(run.path / "events.jsonl", "ab") as fh:
+        fh.write(b'{"kind":"a","n":2,"tor')  # crash mid-write
+    run.event("a", n=3)  # the rerun appends
+    assert [e["n"] for e in run.events("a")] == [1, 3]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich import box
 from rich.table import Table
 
 from kvprobe.inventory import Inventory
@@ -45,6 +46,53 @@ def capacity_table(summary: dict[str, Any]) -> Table:
                       row.get("cache_dtype") or "-", tokens, _num(row.get("max_concurrency"), ".2f"),
                       "-" if ratio is None else f"{ratio:.2f}x")
     return table
+
+
+def needle_table(summary: dict[str, Any]) -> Table:
+    """needle.json as a table: per server counts and recall; per candidate the paired comparison
+    (cases the reference hit and it missed / the reverse, recall drop with its interval, the bar)."""
+    bar_max = next((p["bar"] for p in summary.get("paired", {}).values()), None)
+    table = Table(title="needle retrieval (same cases on every server)", header_style="bold", box=box.SIMPLE_HEAD,
+                  caption=None if bar_max is None else f"bar: recall drop at most {bar_max:g}")
+    ref = summary["reference"]
+    table.add_column("server", min_width=min(20, max(map(len, summary["servers"]), default=6)), overflow="fold")
+    for col in ("hit/miss/\ntrunc/err", "recall", "lost/\ngained", "recall drop\n[95% CI]", "bar"):
+        table.add_column(col, justify="left" if col == "bar" else "right", no_wrap=True)
+    for name, row in summary["servers"].items():
+        pair = summary.get("paired", {}).get(name)
+        versus, drop, bar = ("(ref)", "-", "-") if name == ref else ("-", "-", "-")
+        if pair is not None:
+            versus = f"{len(pair['reference_hit_candidate_miss'])}/{len(pair['reference_miss_candidate_hit'])}"
+            interval = pair.get("recall_drop")
+            if interval is not None:
+                drop = f"{interval['estimate']:+.2f} [{interval['lo']:.2f}, {interval['hi']:.2f}]"
+            colour = {"pass": "green", "fail": "red"}.get(pair["outcome"], "yellow")
+            bar = f"[{colour}]{pair['outcome']}[/{colour}]"
+        counts = f"{row['hit']}/{row['miss']}/{row['truncated']}/{row['error']}"
+        table.add_row(name, counts, _num(row.get("recall"), ".0%"), versus, drop, bar)
+    return table
+
+
+_STYLE = {"adopt": "green", "pass": "green", "reject": "red", "fail": "red", "inconclusive": "yellow",
+          "no_gain": "dim", "not_measured": "dim", "invalid": "magenta", "broken": "bold red", "reference": "blue"}
+
+
+def rich_table(data: Any) -> Table:
+    """A kvprobe.report.tables.TableData as a rich table; the decision/outcome cell is coloured."""
+    table = Table(title=data.title, header_style="bold", caption=data.note, caption_justify="left")
+    for header in data.headers:
+        table.add_column(header, overflow="fold")
+    for row, tag in zip(data.rows, data.tags or [None] * len(data.rows), strict=False):
+        style = _STYLE.get(tag or "")
+        table.add_row(*[f"[{style}]{c}[/{style}]" if style and c == tag else c for c in row])
+    return table
+
+
+def verdict_tables(verdict: dict[str, Any]) -> list[Table]:
+    """Decisions first, then the evidence: servers, quality, needle, load (every check is in the files)."""
+    from kvprobe.report.tables import all_tables
+
+    return [rich_table(t) for t in all_tables(verdict) if t.title not in ("Every check", "Bars (fixed before the run)")]
 
 
 def _ms(seconds: Any) -> str:

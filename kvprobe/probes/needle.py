@@ -1,0 +1,183 @@
+"""Needle: does the candidate still find what the reference finds, at every length that fits?
+
+One plan (cases from the seed, placed token-exactly with one tokenizer) goes unchanged to every
+active server; servers run side by side, `concurrency` cases in flight on each. Every answer is an
+event as it finishes; a rerun into the same directory skips (server, case) pairs already answered
+(errors are asked again). Writes needle.json, needle/cases.json (the exact prompts) and heatmaps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from kvprobe.client import Generation
+from kvprobe.errors import ConfigError, ServerError
+from kvprobe.evaluation import EvalContext
+from kvprobe.needle.cases import check_templates, filler_words, make_cases
+from kvprobe.needle.placement import Filler
+from kvprobe.needle.plan import build_cases, fingerprint, grid, prompt_room
+from kvprobe.needle.scoring import score
+from kvprobe.needle.summary import paired, server_summary
+from kvprobe.needle.tokens import Encoder, ServerEncoder, load_tiktoken
+from kvprobe.report.heatmap import paired_heatmap, status_heatmap
+from kvprobe.report.terminal import needle_table
+
+EVENT = "needle_case"
+CASES_FILE = "needle/cases.json"
+# needle.json lists these per case (the issue's schema first, then what a reader needs to judge it).
+CASE_FIELDS = ("id", "length_tokens", "depth_tokens", "server", "status", "found_in",
+               "target_length", "target_depth", "template", "value", "approximate", "finish_reason",
+               "completion_tokens", "error")
+
+
+def _progress(ctx: EvalContext) -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=ctx.console, transient=False)
+
+
+def _encoders(ctx: EvalContext, names: list[str]) -> list[Encoder]:
+    """Servers' own tokenizers, reference first; tiktoken only when none has /tokenize."""
+    encoders: list[Encoder] = [ServerEncoder(ctx.clients[n]) for n in names if ctx.inventories[n].has_tokenize]
+    return encoders or [load_tiktoken(ctx.config.needle.tiktoken_encoding)]
+
+
+async def _plan(ctx: EvalContext, names: list[str]) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
+    settings = ctx.config.needle
+    check_templates(settings.templates)
+    room = prompt_room(settings, {n: ctx.inventories[n].max_model_len for n in names})
+    encoders = _encoders(ctx, names)
+    lengths, depths = grid(settings, room, encoders[0].approximate)
+    model = ctx.inventories[names[0]].model_root
+    plan_id = fingerprint(settings, lengths, depths, encoders[0].name, model)
+    if ctx.run.has(CASES_FILE):
+        saved = ctx.run.read_json(CASES_FILE)
+        if saved.get("plan") == plan_id:
+            return plan_id, saved["cases"], saved["meta"]
+    specs = make_cases(settings, lengths, depths)
+    filler = Filler(filler_words())
+    cases, used = None, encoders[0]
+    for used in encoders:
+        try:
+            with _progress(ctx) as bar:
+                task = bar.add_task(f"needle: placing {len(specs)} cases with {used.name}", total=len(specs))
+                cases = await build_cases(specs, used, filler, on_done=lambda t=task: bar.advance(t))
+            break
+        except ServerError as exc:
+            if exc.status is not None and exc.status < 500:
+                raise
+            ctx.mark_broken(used.name, str(exc))  # its tokenizer died: try the next server's
+    if cases is None:
+        raise ServerError("needle", "every server with /tokenize failed while placing the needles")
+    not_exact = [c["id"] for c in cases if not c["exact"]]
+    if not_exact:
+        ctx.console.print(f"[yellow]needle:[/yellow] {len(not_exact)} case(s) could not be placed at exactly "
+                          f"their target length: {', '.join(not_exact)} (achieved lengths recorded)")
+    meta = {"lengths": lengths, "depths": depths, "tokenizer": used.name, "approximate": used.approximate,
+            "model": model, "room": room}
+    ctx.run.write_json(CASES_FILE, {"plan": plan_id, "meta": meta, "cases": cases})
+    return plan_id, cases, meta
+
+
+def _record(ctx: EvalContext, server: str, plan_id: str, case: dict[str, Any], gen: Generation,
+            max_tokens: int) -> dict[str, Any]:
+    status, where = score(gen, case["value"])
+    usage = gen.usage or {}
+    prompt_tokens = usage.get("prompt_tokens")
+    return ctx.run.event(
+        EVENT, server=server, plan=plan_id, id=case["id"], status=status, found_in=where,
+        # the server's own count of what it was sent, when it says; else the planned count
+        length_tokens=prompt_tokens if prompt_tokens is not None else case["length_tokens"],
+        approximate=case["approximate"],  # placed with an estimate, not a server tokenizer
+        planned_length_tokens=case["length_tokens"], depth_tokens=case["depth_tokens"],
+        target_length=case["target_length"], target_depth=case["target_depth"], template=case["template"],
+        value=case["value"], finish_reason=gen.finish_reason, prompt_tokens=prompt_tokens,
+        completion_tokens=usage.get("completion_tokens"), max_tokens=max_tokens, seconds=round(gen.e2e, 3),
+        reasoning=gen.reasoning, content=gen.content, error=gen.error, http_status=gen.status,
+    )
+
+
+async def _ask_server(ctx: EvalContext, name: str, plan_id: str, cases: list[dict[str, Any]],
+                      bar: Progress, task: Any) -> None:
+    settings = ctx.config.needle
+    client = ctx.clients[name]
+    gate = asyncio.Semaphore(settings.concurrency)
+    hits = 0
+
+    async def one(case: dict[str, Any]) -> None:
+        nonlocal hits
+        async with gate:
+            if name in ctx.broken:
+                return
+            body = {"messages": [{"role": "user", "content": case["content"]}],
+                    "max_tokens": settings.max_tokens, "temperature": 0}
+            gen = await (client.stream_chat(body) if settings.stream else client.chat(body))
+        record = _record(ctx, name, plan_id, case, gen, settings.max_tokens)
+        if record["status"] == "error" and (gen.status is None or gen.status >= 500):
+            ctx.mark_broken(name, gen.error or "request failed")
+        hits += record["status"] == "hit"
+        bar.update(task, advance=1, description=f"needle: {name} ({hits} hit)")
+
+    await asyncio.gather(*(one(c) for c in cases))
+
+
+def _latest(ctx: EvalContext, plan_id: str) -> dict[tuple[str, str], dict[str, Any]]:
+    latest: dict[tuple[str, str], dict[str, Any]] = {}
+    for event in ctx.run.events(EVENT, plan=plan_id):
+        latest[(event["server"], event["id"])] = event
+    return latest
+
+
+def summarise(ctx: EvalContext, plan_id: str, meta: dict[str, Any]) -> dict[str, Any]:
+    """needle.json from the events log (this session's answers and a resumed run's earlier ones)."""
+    latest = _latest(ctx, plan_id)
+    order = [s.name for s in ctx.config.servers]
+    cases = sorted(latest.values(), key=lambda e: (order.index(e["server"]) if e["server"] in order else len(order),
+                                                    e["id"]))
+    by_server: dict[str, dict[str, dict[str, Any]]] = {}
+    for case in cases:
+        by_server.setdefault(case["server"], {})[case["id"]] = case
+    ref = ctx.reference
+    settings = ctx.config.needle
+    out: dict[str, Any] = {
+        "reference": ref,
+        "servers": {name: server_summary(rows.values()) for name, rows in by_server.items()},
+        "cases": [{k: c.get(k) for k in CASE_FIELDS} for c in cases],
+        "paired": {
+            name: paired(by_server[ref], rows, bar=ctx.config.bars.needle_recall_drop_max, seed=settings.seed)
+            for name, rows in by_server.items() if name != ref and ref in by_server
+        },
+        "plan": plan_id,
+        "settings": {**settings.model_dump(mode="json"), **meta},
+        "heatmaps": {},
+    }
+    for name in by_server:
+        path = status_heatmap(out["cases"], name, ctx.run.path / "needle" / f"heatmap-{name}.png")
+        out["heatmaps"][name] = str(path.relative_to(ctx.run.path))
+    for name in out["paired"]:
+        path = paired_heatmap(out["cases"], ref, name, ctx.run.path / "needle" / f"paired-{name}.png")
+        out["heatmaps"][f"{name} vs {ref}"] = str(path.relative_to(ctx.run.path))
+    return out
+
+
+async def run(ctx: EvalContext) -> dict[str, Any]:
+    names = ctx.active()
+    if ctx.reference not in names:
+        raise ConfigError([f"needle: the reference {ctx.reference!r} is not serving: nothing to compare against"])
+    plan_id, cases, meta = await _plan(ctx, names)
+    names = ctx.active()  # placement may have found a server broken
+    done = {key for key, e in _latest(ctx, plan_id).items() if e["status"] != "error"}
+    with _progress(ctx) as bar:
+        jobs = []
+        for name in names:
+            todo = [c for c in cases if (name, c["id"]) not in done]
+            task = bar.add_task(f"needle: {name}", total=len(cases), completed=len(cases) - len(todo))
+            jobs.append(_ask_server(ctx, name, plan_id, todo, bar, task))
+        await asyncio.gather(*jobs)
+    summary = summarise(ctx, plan_id, meta)
+    ctx.run.write_json("needle.json", summary)
+    ctx.console.print(needle_table(summary))
+    return summary
+

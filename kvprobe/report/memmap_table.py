@@ -1,0 +1,56 @@
+"""Rich tables for `kvprobe memmap`: one per KV dtype, and a summary across dtypes."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from kvprobe.memmap import MemoryMap
+from kvprobe.memmap.shape import ATTENTION_KINDS, NO_KV_KINDS
+from kvprobe.memmap.summary import LABELS
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.2f} {unit}"
+        n /= 1024
+    return f"{n:,.2f} GiB"
+
+
+def dtype_table(mm: MemoryMap, dtype: str) -> Table:
+    p = mm.plans[dtype]
+    total = p.total_bytes_per_sequence
+    block = f"attention block {p.attention_block_size} tokens" if p.attention_block_size else "no attention"
+    pad = f", state pages padded {p.padding_pct:.2f}%" if p.padding_pct else ""
+    table = Table(title=f"--kv-cache-dtype {dtype}: one sequence of {mm.max_model_len:,} tokens "
+                        f"({block}{pad}, {p.num_blocks:,} blocks of {human_bytes(p.bytes_per_block)})",
+                  header_style="bold", title_justify="left")
+    for col in ("layer type", "layers", "bytes / token (all its layers)", "bytes / sequence", "of which padding",
+                "share of pool"):
+        table.add_column(col, justify="left" if col == "layer type" else "right")
+    for kind in mm.kinds():
+        n = mm.model.count(kind)
+        if kind in NO_KV_KINDS:
+            table.add_row(LABELS[kind], str(n), "0", "0", "-", "0.0%", style="dim")
+            continue
+        held = p.bytes_per_sequence.get(kind, 0)
+        per_token = f"{p.attention_bytes_per_token[kind]:,}" if kind in ATTENTION_KINDS else "-"
+        table.add_row(LABELS[kind], str(n), per_token, human_bytes(held),
+                      human_bytes(p.padding_per_sequence.get(kind, 0)), f"{held / total:.1%}")
+    ratio = mm.ratio(dtype)
+    table.caption = (f"predicted kv_cache_size_tokens {p.kv_cache_tokens:,} · max concurrency "
+                     f"{p.max_concurrency:.2f}x · {ratio:.2f}x the {mm.reference} capacity")
+    table.caption_justify = "left"
+    return table
+
+
+def summary_table(mm: MemoryMap) -> Table:
+    table = Table(title=f"Predicted KV capacity: {mm.model.name} at max_model_len {mm.max_model_len:,}, "
+                        f"{human_bytes(mm.settings.kv_memory_bytes)} KV memory",
+                  header_style="bold", title_justify="left")
+    for col in ("kv dtype", "KV tokens", "max concurrency", "bytes / sequence", "ratio"):
+        table.add_column(col, justify="left" if col == "kv dtype" else "right")
+    for dtype, p in mm.plans.items():
+        table.add_row(dtype + (" (reference)" if dtype == mm.reference else ""), f"{p.kv_cache_tokens:,}",
+                      f"{p.max_concurrency:.2f}x", human_bytes(p.total_bytes_per_sequence), f"{mm.ratio(dtype):.2f}x")
+    return table

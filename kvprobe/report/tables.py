@@ -1,0 +1,210 @@
+"""What the report tables say, as plain strings: terminal, Markdown and HTML render the same rows."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kvprobe.verdict import case_key, natural_order  # the same grouping the decisions use
+
+
+@dataclass
+class TableData:
+    title: str
+    headers: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    note: str | None = None
+    # Per row, a CSS/rich style key for the decision or outcome column (adopt, reject, pass, ...).
+    tags: list[str | None] = field(default_factory=list)
+
+
+def num(value: Any, fmt: str = ",") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and fmt == ",":
+        fmt = ",.4g"
+    return format(value, fmt)
+
+
+def pct(value: float | None, signed: bool = True) -> str:
+    if value is None:
+        return "-"
+    return f"{value * 100:+.2f}%" if signed else f"{value * 100:.2f}%"
+
+
+def interval(iv: list[float] | None, fmt: Any = pct) -> str:
+    if not iv or None in iv:
+        return "-"
+    return f"[{fmt(iv[0])}, {fmt(iv[1])}]"
+
+
+def decisions_table(v: dict[str, Any]) -> TableData:
+    t = TableData("Decisions", ["server", "role", "cache dtype", "KV tokens", "capacity", "decision", "why"])
+    ref = v["reference"]
+    for name in v["order"]:
+        server = v["servers"].get(name) or {}
+        if name == ref:
+            t.rows.append([name, "reference", server.get("cache_dtype") or "-", num(server.get("kv_cache_tokens")),
+                           "1.00x", "reference", "the gold standard every candidate is measured against"])
+            t.tags.append("reference")
+            continue
+        d = v["decisions"].get(name) or {}
+        ratio = d.get("capacity_ratio")
+        t.rows.append([name, "candidate", server.get("cache_dtype") or "-", num(d.get("kv_cache_tokens")),
+                       "-" if ratio is None else f"{ratio:.2f}x", d.get("decision", "-"),
+                       (d.get("reasons") or ["-"])[0]])
+        t.tags.append(d.get("decision"))
+    return t
+
+
+def bars_table(v: dict[str, Any]) -> TableData:
+    t = TableData("Bars (fixed before the run)", ["bar", "value"])
+    for key, value in sorted((v.get("bars") or {}).items()):
+        t.rows.append([key, "not set" if value is None else str(value)])
+        t.tags.append(None)
+    return t
+
+
+def servers_table(v: dict[str, Any]) -> TableData:
+    t = TableData("Servers", ["server", "role", "status", "version", "model", "max_model_len", "cache dtype",
+                              "KV tokens", "max concurrency", "smoke"])
+    for name in v["order"]:
+        s = v["servers"].get(name) or {}
+        tokens = num(s.get("kv_cache_tokens")) + (" (est.)" if s.get("kv_cache_tokens_estimate") else "")
+        smoke = "-" if s.get("smoke_ok") is None else (
+            f"ok ({num(s.get('smoke_prompt_tokens'))} tokens)" if s.get("smoke_ok") else "failed")
+        t.rows.append([name, s.get("role") or "-", s.get("status") or "-", s.get("version") or "-",
+                       s.get("model") or "-", num(s.get("max_model_len")), s.get("cache_dtype") or "-", tokens,
+                       num(s.get("max_concurrency"), ".1f"), smoke])
+        t.tags.append("broken" if s.get("status") not in (None, "ok") else None)
+    pin = v.get("pin") or {}
+    if pin:
+        diffs = [d["text"] for d in pin.get("differences") or []]
+        t.note = ("One-knob check: " + ("valid: the servers differ only in KV dtype" if pin.get("valid")
+                                         else "INVALID: " + "; ".join(diffs)))
+    return t
+
+
+def perplexity_table(v: dict[str, Any]) -> TableData | None:
+    probe = (v.get("probes") or {}).get("perplexity")
+    if not probe:
+        return None
+    bar = (v.get("bars") or {}).get("perplexity_delta_max")
+    t = TableData("Perplexity", ["server", "bits/byte", "word perplexity", "delta vs reference", "95% interval",
+                                 "reference noise", "outcome"])
+    checks = _checks_by(v, "perplexity_delta_max")
+    for name in v["order"]:
+        row = probe["servers"].get(name)
+        if row is None:
+            continue
+        outcome = "reference" if name == v["reference"] else (checks.get(name) or [{}])[0].get("outcome", "-")
+        t.rows.append([name, num(row.get("bits_per_byte"), ".4f"), num(row.get("word_perplexity"), ".3f"),
+                       pct(row.get("delta")), interval(row.get("ci95")), pct(row.get("noise")), outcome])
+        t.tags.append(outcome)
+    t.note = f"Bar: relative perplexity rise at most {pct(bar, False)}; pass only when the whole interval is under it."
+    return t
+
+
+def agreement_table(v: dict[str, Any]) -> TableData | None:
+    probe = (v.get("probes") or {}).get("agreement")
+    if not probe:
+        return None
+    t = TableData("Agreement with the reference (top-k prompt logprobs)",
+                  ["server", "KL mean", "KL p99", "top-1 agreement"])
+    for name in v["order"]:
+        row = probe["servers"].get(name)
+        if row is None:
+            continue
+        t.rows.append([name, num(row.get("kl_mean"), ".5f"), num(row.get("kl_p99"), ".5f"),
+                       "-" if row.get("top1_agreement") is None else f"{row['top1_agreement']:.2%}"])
+        t.tags.append(None)
+    return t
+
+
+def needle_table(v: dict[str, Any]) -> TableData | None:
+    probe = (v.get("probes") or {}).get("needle")
+    if not probe:
+        return None
+    t = TableData("Needle retrieval", ["server", "hit", "miss", "truncated", "error", "recall", "vs reference"])
+    checks = _checks_by(v, "needle_recall_drop_max")
+    for name in v["order"]:
+        row = (probe.get("servers") or {}).get(name)
+        if row is None:
+            continue
+        check = (checks.get(name) or [{}])[0]
+        versus = "reference" if name == v["reference"] else (
+            f"drop {check['value']:+.2f} {interval(check.get('interval'), lambda x: f'{x:+.2f}')}: {check['outcome']}"
+            if check.get("value") is not None else check.get("outcome", "-"))
+        t.rows.append([name, num(row.get("hit")), num(row.get("miss")), num(row.get("truncated")),
+                       num(row.get("error")), "-" if row.get("recall") is None else f"{row['recall']:.0%}", versus])
+        t.tags.append(None if name == v["reference"] else check.get("outcome"))
+    return t
+
+
+def _mean(values: list[float]) -> float | None:
+    return float(np.mean(values)) if values else None
+
+
+def load_table(v: dict[str, Any]) -> TableData | None:
+    probe = (v.get("probes") or {}).get("load")
+    if not probe:
+        return None
+    t = TableData("Load (mean over repeated runs)", ["server", "case", "runs", "requests", "errors", "output tok/s",
+                                                       "TTFT p99", "ITL p99", "E2E p99", "KV usage max",
+                                                       "preemptions"])
+    for name in v["order"]:
+        cases = ((probe.get("servers") or {}).get(name) or {}).get("cases") or []
+        groups: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
+        for case in cases:
+            for run in case.get("repeats") or [case]:
+                groups[case_key(case)].append(run | {k: case.get(k) for k in ("agents",) if k not in run})
+        for key in sorted(groups, key=natural_order):
+            rows = groups[key]
+
+            def m(field_name: str, rows: list[dict[str, Any]] = rows) -> float | None:
+                return _mean([float(r[field_name]) for r in rows if isinstance(r.get(field_name), int | float)])
+
+            def s(x: float | None) -> str:
+                return "-" if x is None else f"{x:.3f}s"
+
+            errors = sum(int(r.get("errors") or 0) for r in rows)
+            t.rows.append([name, " ".join(key), str(len(rows)), num(sum(int(r.get("requests") or 0) for r in rows)),
+                           str(errors), num(m("output_tokens_per_s"), ".1f"), s(m("ttft_p99_s")), s(m("itl_p99_s")),
+                           s(m("e2e_p99_s")), "-" if m("kv_usage_max") is None else f"{m('kv_usage_max'):.1%}",
+                           num(m("preemptions"), ".0f")])
+            t.tags.append("broken" if errors else None)
+    return t
+
+
+def checks_table(v: dict[str, Any]) -> TableData:
+    t = TableData("Every check", ["candidate", "bar", "case", "value", "interval", "limit", "outcome", "detail"])
+    for name, d in v["decisions"].items():
+        for c in d.get("checks") or []:
+            t.rows.append([name, c["bar"], c.get("case") or "-", pct(c.get("value")), interval(c.get("interval")),
+                           "-" if c.get("limit") is None else str(c["limit"]), c["outcome"], c["text"]])
+            t.tags.append(c["outcome"])
+    return t
+
+
+def probes_table(v: dict[str, Any]) -> TableData:
+    t = TableData("Probes", ["probe", "status"])
+    for probe, status in (v.get("probes_status") or {}).items():
+        t.rows.append([probe, status])
+        t.tags.append(None if status == "ran" else "inconclusive")
+    return t
+
+
+def _checks_by(v: dict[str, Any], bar: str) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name, d in v["decisions"].items():
+        out[name] = [c for c in d.get("checks") or [] if c["bar"] == bar]
+    return out
+
+
+def all_tables(v: dict[str, Any]) -> list[TableData]:
+    tables = [decisions_table(v), servers_table(v), perplexity_table(v), agreement_table(v), needle_table(v),
+              load_table(v), checks_table(v), bars_table(v), probes_table(v)]
+    return [t for t in tables if t is not None]

@@ -1,0 +1,63 @@
+"""Render a run's verdict to DIR/report.md, DIR/report.html and DIR/plots/*.png."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvprobe.report import html, markdown, plots
+from kvprobe.sign import SignatureError, parse_signature
+from kvprobe.store import RunDir
+
+
+@dataclass
+class Rendered:
+    markdown: Path
+    html: Path
+    plots: list[Path] = field(default_factory=list)
+    absent: list[str] = field(default_factory=list)  # plots not drawn, and why
+
+
+def signature_info(run: RunDir) -> dict[str, Any] | None:
+    """Who signed verdict.json (fingerprint and public key from the signature; not a trust check)."""
+    sig = run.path / "verdict.json.sig"
+    if not sig.is_file():
+        return None
+    try:
+        parsed = parse_signature(sig.read_text(errors="replace"))
+    except SignatureError as exc:
+        return {"fingerprint": f"unreadable signature: {exc}", "namespace": "-", "public_line": "-"}
+    return {"fingerprint": parsed.fingerprint, "namespace": parsed.namespace, "public_line": parsed.public_line}
+
+
+def render_reports(run: RunDir, verdict: dict[str, Any]) -> Rendered:
+    out_dir = run.path / "plots"
+    out_dir.mkdir(exist_ok=True)
+    drawn: list[dict[str, Any]] = []
+    for key, title, make, absent in (
+        ("capacity", "KV cache capacity per server", lambda: plots.capacity_chart(verdict), "no capacity numbers"),
+        ("perplexity", "Perplexity delta vs the reference, with 95% intervals, against the bar",
+         lambda: plots.perplexity_chart(verdict), "perplexity probe not run"),
+        ("load", "Throughput per load case", lambda: plots.load_chart(verdict), "load probe not run"),
+        ("latency", "Latency CDFs per server", lambda: plots.latency_cdfs(verdict, run),
+         "no per-request latencies recorded (load probe not run)"),
+    ):
+        data = make()
+        path = None
+        if data is not None:
+            path = out_dir / f"{key}.png"
+            path.write_bytes(data)
+        drawn.append({"key": key, "title": title, "png": data, "path": path, "absent": absent})
+    heatmaps = plots.needle_heatmaps(verdict, run, out_dir)
+    if isinstance(heatmaps, str):
+        drawn.append({"key": "needle", "title": "Needle heatmaps", "png": None, "path": None, "absent": heatmaps})
+    else:
+        for title, path in heatmaps:
+            drawn.append({"key": "needle", "title": title, "png": path.read_bytes(), "path": path, "absent": None})
+    signature = signature_info(run)
+    md_plots = [(d["title"], str(d["path"].relative_to(run.path)) if d["path"] else None, d["absent"]) for d in drawn]
+    md_path = run.write_text("report.md", markdown.render(verdict, md_plots, signature))
+    html_path = run.write_text("report.html", html.render(verdict, drawn, signature))
+    return Rendered(md_path, html_path, [d["path"] for d in drawn if d["path"]],
+                    [f"{d['title']}: {d['absent']}" for d in drawn if not d["path"]])

@@ -1,0 +1,88 @@
+"""`kvprobe verify`: the signature holds, and the decisions follow from the recorded numbers.
+
+Three checks, each failing with one line that says what is wrong:
+1. verdict.json.sig is a valid SSHSIG over the exact bytes of verdict.json, in the kvprobe-verdict
+   namespace, by a key the allowed_signers file lists;
+2. the decisions, recommendation and exit code re-derived from the verdict's own numbers and bars
+   equal the recorded ones;
+3. when the run directory is there, the verdict's numbers equal what its probe files say.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from kvprobe.errors import ConfigError
+from kvprobe.evidence import gather
+from kvprobe.sign import SignatureError, Signer, load_allowed_signers, verify
+from kvprobe.store import RunDir
+from kvprobe.verdict import INPUT_KEYS, rederive
+
+
+@dataclass
+class Verified:
+    path: Path
+    verdict: dict[str, Any]
+    signer: Signer
+    allowed_source: str
+    notes: list[str] = field(default_factory=list)
+
+
+def locate(target: str | Path) -> Path:
+    """DIR or DIR/verdict.json -> the verdict file."""
+    path = Path(target)
+    if path.is_dir():
+        path = path / "verdict.json"
+    if not path.is_file():
+        raise ConfigError([f"{target}: no verdict.json there: run `kvprobe eval` first, or give the verdict file"])
+    return path
+
+
+def _differences(recorded: Any, current: Any, where: str) -> list[str]:
+    if isinstance(recorded, dict) and isinstance(current, dict):
+        out = []
+        for key in sorted(set(recorded) | set(current), key=str):
+            out += _differences(recorded.get(key), current.get(key), f"{where}.{key}" if where else str(key))
+        return out
+    return [] if recorded == current else [where]
+
+
+def check_against_run(path: Path, verdict: dict[str, Any]) -> list[str]:
+    """Where the verdict's numbers differ from the run directory beside it (empty: they agree)."""
+    run_dir = path.parent
+    if not (run_dir / "run.json").is_file():
+        return []
+    current = gather(RunDir.open(run_dir))
+    recorded = {k: verdict.get(k) for k in INPUT_KEYS}
+    return _differences(recorded, current, "")
+
+
+def verify_verdict(target: str | Path, allowed_signers: str | Path | None = None,
+                   principal: str | None = None) -> Verified:
+    path = locate(target)
+    sig_path = path.with_name(path.name + ".sig")
+    if not sig_path.is_file():
+        raise SignatureError(f"{sig_path}: no signature: the verdict is unsigned")
+    allowed, source = load_allowed_signers(allowed_signers)
+    data = path.read_bytes()
+    signer = verify(data, sig_path.read_text(errors="replace"), allowed, principal=principal,
+                    allowed_source=source)
+    try:
+        verdict = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise SignatureError(f"{path}: signed, but not JSON: {exc}") from None
+    problems = rederive(verdict)
+    if problems:
+        raise SignatureError(f"{path}: the decisions do not follow from the recorded numbers: " + "; ".join(problems))
+    result = Verified(path, verdict, signer, source)
+    drift = check_against_run(path, verdict)
+    if drift:
+        shown = ", ".join(drift[:5]) + (f" and {len(drift) - 5} more" if len(drift) > 5 else "")
+        raise SignatureError(f"{path}: the verdict's numbers differ from the run directory's files at {shown}")
+    if not (path.parent / "run.json").is_file():
+        result.notes.append("no run directory beside the verdict: its numbers were not compared with the probe files")
+    return result

@@ -1,0 +1,122 @@
+"""The needle probe against real vLLM CPU servers serving needle-llama with
+--reasoning-parser deepseek_r1, KV dtypes side by side: auto (reference), fp8, int8_per_token_head.
+
+One default run (20 needles, 1k..7168 tokens, depths 0-100%, max_tokens 1024, temperature 0) on the
+three servers at once is shared by the tests of this module; two small runs check the cap and the
+up-front refusal."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from kvprobe.config import parse_config
+from kvprobe.errors import EXIT_CANNOT_RUN
+from kvprobe.evaluation import run_eval
+from kvprobe.store import RunDir
+
+pytestmark = pytest.mark.integration
+
+NAMES = ("auto", "fp8", "int8_per_token_head")
+
+
+def _config(servers, names=NAMES, **needle):
+    return {
+        "bars": {"needle_recall_drop_max": 0.0},
+        "server": [{"name": n, "url": servers[n].url, "role": "reference" if n == "auto" else "candidate"}
+                   for n in names],
+        "needle": needle,
+    }
+
+
+@pytest.fixture(scope="module")
+async def default_run(vllm_servers, tmp_path_factory) -> RunDir:
+    run = RunDir.create(tmp_path_factory.mktemp("needle") / "run")
+    console = Console(file=io.StringIO(), width=120)
+    outcome = await run_eval(parse_config(_config(vllm_servers)), run, ["needle"], console)
+    assert outcome.exit_code == 0, outcome.messages
+    print(console.file.getvalue())
+    return run
+
+
+@pytest.mark.parametrize("name", ["auto", "fp8"])
+def test_reference_and_fp8_find_the_needles_in_reasoning_and_content(default_run: RunDir, name: str) -> None:
+    data = default_run.read_json("needle.json")
+    row = data["servers"][name]
+    assert row["cases"] == 20
+    assert row["hit"] >= 19, row
+    # needle-llama restates the fact inside <think> and answers after it
+    both = [c for c in data["cases"] if c["server"] == name and c["found_in"] == ["content", "reasoning"]]
+    assert len(both) >= 19
+
+
+def test_int8_per_token_head_collapses_and_the_paired_comparison_says_so(default_run: RunDir) -> None:
+    data = default_run.read_json("needle.json")
+    assert data["servers"]["int8_per_token_head"]["hit"] <= 5
+    pair = data["paired"]["int8_per_token_head"]
+    lost = len(pair["reference_hit_candidate_miss"]) + len(pair["reference_hit_candidate_truncated"])
+    assert lost >= 15
+    assert pair["outcome"] == "fail" and pair["recall_drop"]["lo"] > 0.3
+    assert pair["mcnemar_p"] < 0.01 or pair["decided"] < 10
+    assert data["paired"]["fp8"]["outcome"] in ("pass", "inconclusive")  # at most one case apart
+
+
+def test_default_grid_and_token_exact_lengths(default_run: RunDir) -> None:
+    data = default_run.read_json("needle.json")
+    assert data["settings"]["lengths"] == [1024, 3072, 5120, 7168]  # 8192 - 1024 for the answer
+    assert data["settings"]["depths"] == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert data["settings"]["tokenizer"] == "auto" and not data["settings"]["approximate"]
+    plan = default_run.read_json("needle/cases.json")["cases"]
+    assert all(c["exact"] and c["length_tokens"] == c["target_length"] for c in plan)
+    # ...and each server counted exactly that many prompt tokens when it answered
+    for case in data["cases"]:
+        assert case["length_tokens"] == case["target_length"], case
+    for event in default_run.events("needle_case"):
+        assert event["prompt_tokens"] == event["target_length"]
+    # the needle sits where asked, measured in tokens
+    for c in plan:
+        share = (c["depth_tokens"] - 3) / c["haystack_tokens"]  # 3 = "<|im_start|>user\n"
+        assert abs(share - c["target_depth"]) < 0.03, c["id"]
+
+
+def test_max_tokens_is_honoured(default_run: RunDir) -> None:
+    events = list(default_run.events("needle_case"))
+    assert len(events) == 60
+    assert all(e["completion_tokens"] <= 1024 for e in events)
+    assert all(e["completion_tokens"] == 1024 for e in events if e["finish_reason"] == "length")
+    heat = default_run.read_json("needle.json")["heatmaps"]
+    assert len(heat) == 5 and all((default_run.path / p).stat().st_size > 5000 for p in heat.values())
+
+
+async def test_a_small_cap_truncates_streamed_answers(vllm_servers, tmp_path) -> None:
+    # 12 tokens cannot hold "One of the special magic numbers for <key> is: <value>."
+    config = parse_config(_config(vllm_servers, ("auto",), count=2, lengths=[1024], depths=[0.5],
+                                  max_tokens=12, stream=True))
+    run = RunDir.create(tmp_path / "run")
+    outcome = await run_eval(config, run, ["needle"], Console(file=io.StringIO()))
+    assert outcome.exit_code == 0
+    events = list(run.events("needle_case"))
+    assert [e["status"] for e in events] == ["truncated", "truncated"]
+    assert all(e["completion_tokens"] == 12 and e["finish_reason"] == "length" for e in events)
+    assert all(e["content"] == "" and e["reasoning"] for e in events)  # stopped inside <think>
+
+
+def test_a_length_over_max_model_len_is_refused_up_front(vllm_servers, tmp_path) -> None:
+    toml = tmp_path / "servers.toml"
+    toml.write_text(
+        f'[[server]]\nname = "auto"\nurl = "{vllm_servers["auto"].url}"\nrole = "reference"\n\n'
+        "[needle]\nlengths = [1024, 9000]\n")
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "kvprobe.cli", "eval", "--servers", str(toml), "--probes", "needle",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == EXIT_CANNOT_RUN, done.stderr
+    assert ("needle.lengths: 9000 tokens + max_tokens 1024 = 10024 is over max_model_len 8192 of server 'auto': "
+            "the longest prompt that fits is 7168 tokens") in " ".join(done.stderr.split())
+    assert not list(RunDir.open(out).events("needle_case"))
+    assert not (out / "needle.json").exists()
+    assert Path(out / "inventory" / "auto.json").exists()  # the inventory is kept

@@ -1,0 +1,208 @@
+"""End to end on the real vLLM CPU trio (auto reference, fp8, int8_per_token_head): `eval` writes a
+signed verdict and the reports, `kvprobe verify` and `ssh-keygen -Y verify` accept it, and a run
+killed mid-way and resumed reaches the same decisions as an uninterrupted one.
+
+The run uses the canary's small probe settings so it takes minutes; whichever probes are installed
+run (capacity at least)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from kvprobe.canary import CANARY_AGREEMENT, CANARY_LOAD, CANARY_NEEDLE, CANARY_PERPLEXITY, canary_probes
+from kvprobe.sign import NAMESPACE
+
+pytestmark = pytest.mark.integration
+
+QUALITY_PROBES = {"perplexity", "needle"}
+
+
+def _toml_table(name: str, values: dict) -> str:
+    def fmt(v):
+        return "[" + ", ".join(map(str, v)) + "]" if isinstance(v, list) else str(v)
+
+    return f"[{name}]\n" + "".join(f"{k} = {fmt(v)}\n" for k, v in values.items())
+
+
+@pytest.fixture(scope="module")
+def servers_file(vllm_servers, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("cfg") / "servers.toml"
+    roles = {"auto": "reference"}
+    servers = "".join(f'[[server]]\nname = "{dtype}"\nurl = "{s.url}"\nrole = "{roles.get(dtype, "candidate")}"\n\n'
+                      for dtype, s in vllm_servers.items())
+    path.write_text("\n".join([_toml_table("perplexity", CANARY_PERPLEXITY), _toml_table("agreement", CANARY_AGREEMENT),
+                               _toml_table("needle", CANARY_NEEDLE), _toml_table("load", CANARY_LOAD), servers]))
+    return path
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory) -> dict[str, str]:
+    """The signing key is created in a private config dir, never the user's."""
+    out = dict(os.environ)
+    out["XDG_CONFIG_HOME"] = str(tmp_path_factory.mktemp("xdg"))
+    out.pop("KVPROBE_SIGNING_KEY", None)
+    out.pop("KVPROBE_ALLOWED_SIGNERS", None)
+    return out
+
+
+def kvprobe(*args: str, env: dict[str, str], timeout: float = 3000) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvprobe.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def decisions(run_dir: Path) -> dict:
+    v = orjson.loads((run_dir / "verdict.json").read_bytes())
+    return {"decisions": {n: (d["decision"], d["capacity_ratio"]) for n, d in v["decisions"].items()},
+            "recommendation": v["recommendation"]["server"], "exit_code": v["exit_code"]}
+
+
+@pytest.fixture(scope="module")
+def full_run(servers_file, env, tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "full"
+    probes = ",".join(canary_probes())
+    result = kvprobe("eval", "--servers", str(servers_file), "--out", str(out), "--probes", probes, env=env)
+    return out, result, probes
+
+
+def test_eval_writes_a_signed_verdict_and_reports(full_run, env):
+    out, result, probes = full_run
+    assert result.returncode in (0, 1), result.stderr
+    for name in ("verdict.json", "verdict.json.sig", "report.md", "report.html", "plots/capacity.png"):
+        assert (out / name).is_file(), name
+    v = orjson.loads((out / "verdict.json").read_bytes())
+    assert v["reference"] == "auto" and v["pin"]["valid"] is True
+    assert v["servers"]["auto"]["kv_cache_tokens"] == 524_288
+    for cand in ("fp8", "int8_per_token_head"):
+        assert v["decisions"][cand]["capacity_ratio"] == 2.0
+    assert v["exit_code"] == result.returncode
+    assert "report:" in result.stderr and "report.html" in result.stderr
+    assert "fp8:" in result.stdout and "int8_per_token_head:" in result.stdout
+    ran = set(probes.split(","))
+    if ran & QUALITY_PROBES:
+        # The KV format that wrecks the model on this CPU build must be caught by the quality probes.
+        assert v["decisions"]["int8_per_token_head"]["decision"] == "reject", v["decisions"]["int8_per_token_head"]
+        assert v["decisions"]["fp8"]["decision"] in ("adopt", "inconclusive")
+        assert not any(c["outcome"] == "fail" and c["probe"] in QUALITY_PROBES
+                       for c in v["decisions"]["fp8"]["checks"])
+    else:
+        # Only capacity measured: no candidate is adopted on capacity alone, and the run says why.
+        assert {d["decision"] for d in v["decisions"].values()} == {"inconclusive"}
+        assert v["probes_status"]["perplexity"] == "not run" and result.returncode == 0
+
+
+def test_verify_and_ssh_keygen_accept_the_eval_verdict(full_run, env, tmp_path):
+    out, _, _ = full_run
+    result = kvprobe("verify", str(out), env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "signature ok" in result.stdout and "decisions re-derived" in result.stdout
+    ssh_keygen = shutil.which("ssh-keygen")
+    if ssh_keygen is None:
+        pytest.skip("ssh-keygen not installed")
+    allowed = Path(env["XDG_CONFIG_HOME"]) / "kvprobe" / "allowed_signers"
+    principal = allowed.read_text().split()[0]
+    with open(out / "verdict.json", "rb") as fh:
+        check = subprocess.run([ssh_keygen, "-Y", "verify", "-f", str(allowed), "-I", principal, "-n", NAMESPACE,
+                                "-s", str(out / "verdict.json.sig")], stdin=fh, capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    tampered = tmp_path / "verdict.json"
+    tampered.write_bytes((out / "verdict.json").read_bytes().replace(b'"kv_cache_tokens": 524288',
+                                                                      b'"kv_cache_tokens": 524289', 1))
+    shutil.copy(out / "verdict.json.sig", tmp_path / "verdict.json.sig")
+    bad = kvprobe("verify", str(tampered), env=env, timeout=120)
+    assert bad.returncode == 1 and "changed after it was signed" in bad.stderr
+
+
+def _first_measurement(events: Path) -> bool:
+    """True once a probe has recorded a measurement (beyond inventory and bookkeeping)."""
+    if not events.exists():
+        return False
+    for line in events.read_bytes().splitlines():
+        try:
+            kind = orjson.loads(line).get("kind")
+        except orjson.JSONDecodeError:
+            continue
+        if kind not in ("inventory", "pin", "probe_done", "broken"):
+            return True
+    return False
+
+
+def test_a_killed_and_resumed_run_reaches_the_same_decisions(full_run, servers_file, env, tmp_path):
+    full, _, probes = full_run
+    out = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "kvprobe.cli", "eval", "--servers", str(servers_file),
+                             "--out", str(out), "--probes", probes], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    long_probes = set(probes.split(",")) - {"capacity"}
+    deadline = time.monotonic() + 1200
+    # With a probe that records measurements, kill after its first one; with capacity alone the
+    # only long step is the inventory's first-prefill smoke, so kill inside it.
+    while time.monotonic() < deadline and proc.poll() is None:
+        if (long_probes and _first_measurement(out / "events.jsonl")) or (
+                not long_probes and (out / "run.json").exists()):
+            break
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL, "the run finished before it could be killed"
+    assert not (out / "verdict.json").exists()
+
+    resumed = kvprobe("eval", "--servers", str(servers_file), "--resume", str(out), env=env)
+    assert resumed.returncode in (0, 1), resumed.stderr
+    assert "(resumed)" in resumed.stderr
+    meta = orjson.loads((out / "run.json").read_bytes())
+    assert len(meta["resumed"]) == 1 and meta["probes"] == probes.split(",")
+    assert decisions(out) == decisions(full)
+    assert kvprobe("verify", str(out), env=env, timeout=120).returncode == 0
+
+
+def test_resume_refuses_a_changed_servers_file(full_run, servers_file, env, tmp_path):
+    full, _, _ = full_run
+    changed = tmp_path / "servers.toml"
+    changed.write_text("[bars]\nperplexity_delta_max = 0.5\n\n" + servers_file.read_text())
+    result = kvprobe("eval", "--servers", str(changed), "--resume", str(full), env=env, timeout=120)
+    assert result.returncode == 2
+    assert "differs from the one this run started with (at bars)" in result.stderr
+
+
+def test_canary_against_a_verified_baseline(full_run, servers_file, env, tmp_path):
+    full, _, _ = full_run
+    out = tmp_path / "canary"
+    result = kvprobe("canary", "--servers", str(servers_file), "--baseline", str(full), "--out", str(out), env=env)
+    assert "baseline" in result.stderr and "signature ok" in result.stderr
+    drift = orjson.loads((out / "canary.json").read_bytes())
+    capacity_drift = [i for i in drift["items"] if i["what"] == "kv_cache_tokens"]
+    assert capacity_drift == []  # same servers, same KV space: same capacity
+    assert result.returncode == (1 if drift["fails"] else decisions(out)["exit_code"])
+    assert (out / "verdict.json.sig").is_file()
+
+    tampered = tmp_path / "tampered"
+    shutil.copytree(full, tampered)
+    data = (tampered / "verdict.json").read_bytes()
+    (tampered / "verdict.json").write_bytes(data.replace(b'"exit_code": ', b'"exit_code":  ', 1))
+    bad = kvprobe("canary", "--servers", str(servers_file), "--baseline", str(tampered), env=env, timeout=120)
+    assert bad.returncode == 2 and "--baseline" in bad.stderr and "changed after it was signed" in bad.stderr
+
+
+def test_ctrl_c_keeps_the_run_and_says_how_to_resume(servers_file, env, tmp_path):
+    out = tmp_path / "interrupted"
+    proc = subprocess.Popen([sys.executable, "-m", "kvprobe.cli", "eval", "--servers", str(servers_file),
+                             "--out", str(out), "--probes", "capacity"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (out / "run.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)  # during the inventory's first-prefill smoke
+    _, stderr = proc.communicate(timeout=120)
+    if proc.returncode in (0, 1):
+        pytest.skip("the run finished before the interrupt arrived")
+    assert proc.returncode == 130, stderr
+    assert "interrupted" in stderr and f"--resume {out}" in stderr
+    assert (out / "run.json").is_file() and not (out / "verdict.json").exists()

@@ -1,0 +1,248 @@
+"""Decision rules on hand-built measurement sets: one per decision, the boundaries, inconclusive."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+from verdict_inputs import Measurements, load_cases, needle_cases
+
+from kvprobe.verdict import build_verdict, rederive, verdict_bytes
+
+
+def verdict_of(m: Measurements, tmp_path: Path, name: str = "run") -> dict:
+    return build_verdict(m.write(tmp_path / name))
+
+
+def decision(v: dict, cand: str = "cand") -> str:
+    return v["decisions"][cand]["decision"]
+
+
+def outcomes(v: dict, bar: str, cand: str = "cand") -> list[str]:
+    return [c["outcome"] for c in v["decisions"][cand]["checks"] if c["bar"] == bar]
+
+
+def test_adopt_when_capacity_gains_and_every_bar_passes(tmp_path):
+    v = verdict_of(Measurements(), tmp_path)
+    d = v["decisions"]["cand"]
+    assert d["decision"] == "adopt", d["reasons"]
+    assert d["capacity_ratio"] == 2.0
+    assert {c["outcome"] for c in d["checks"]} == {"pass"}
+    assert v["recommendation"] == {"server": "cand", "change": True, "reason": v["recommendation"]["reason"]}
+    assert "2.00x" in v["recommendation"]["reason"]
+    assert v["exit_code"] == 0
+    assert rederive(v) == []
+
+
+def test_reject_on_perplexity_names_the_bar_and_by_how_much(tmp_path):
+    m = Measurements()
+    m.perplexity["servers"]["cand"].update(delta=0.05, ci95=[0.03, 0.07])
+    v = verdict_of(m, tmp_path)
+    assert decision(v) == "reject"
+    reason = v["decisions"]["cand"]["reasons"][0]
+    assert "perplexity_delta_max" in reason and "+5.00%" in reason and "by at least 2.00%" in reason
+    assert v["recommendation"]["server"] == "ref" and v["exit_code"] == 1
+
+
+def test_reject_on_needle_collapse_with_paired_counts(tmp_path):
+    m = Measurements()
+    m.needle["cases"] = needle_cases("ref", 20) + needle_cases("cand", 2, truncated=5)
+    m.needle["servers"]["cand"].update(hit=2, miss=13, truncated=5, recall=0.1)
+    v = verdict_of(m, tmp_path)
+    assert decision(v) == "reject"
+    check = next(c for c in v["decisions"]["cand"]["checks"] if c["bar"] == "needle_recall_drop_max")
+    # truncated answers are not retrieval failures: 15 answered pairs are scored, 5 reported apart
+    assert check["outcome"] == "fail" and check["value"] == pytest.approx(13 / 15)
+    assert check["ref_only"] == 13 and check["cand_only"] == 0 and check["pairs"] == 15
+    assert "2/15 vs reference 15/15" in check["text"] and "5 truncated" in check["text"]
+
+
+def test_reject_on_throughput_only_when_the_interval_clears_the_bar(tmp_path):
+    m = Measurements()
+    m.load["servers"]["cand"]["cases"] = load_cases([60, 61, 59, 60], [1.0, 1.01, 0.99, 1.0])
+    v = verdict_of(m, tmp_path)
+    assert decision(v) == "reject"
+    assert "fail" in outcomes(v, "throughput_drop_max")
+    assert "agents=4" in v["decisions"]["cand"]["reasons"][0]
+
+
+def test_speed_straddling_the_bar_is_inconclusive_not_a_pass(tmp_path):
+    m = Measurements()
+    # ±30% run-to-run noise: the mean is 5% slower but the interval spans both sides of the bar.
+    m.load["servers"]["cand"]["cases"] = load_cases([70, 130, 80, 100], [1.0, 1.01, 0.99, 1.0])
+    v = verdict_of(m, tmp_path)
+    assert outcomes(v, "throughput_drop_max") == ["inconclusive"]
+    assert decision(v) == "inconclusive" and v["exit_code"] == 1
+    assert v["recommendation"]["server"] == "ref"
+
+
+def test_one_run_per_load_case_gives_no_interval_and_no_pass(tmp_path):
+    m = Measurements()
+    m.load["servers"]["ref"]["cases"] = load_cases([100], [1.0])
+    m.load["servers"]["cand"]["cases"] = load_cases([110], [0.9])
+    v = verdict_of(m, tmp_path)
+    assert set(outcomes(v, "throughput_drop_max")) == {"inconclusive"}
+    assert "load.repeats >= 2" in v["decisions"]["cand"]["reasons"][0]
+
+
+def test_no_gain_when_capacity_is_equal_says_the_ratio(tmp_path):
+    m = Measurements()
+    m.servers[1] = ("cand", "candidate", 100_000, "auto")
+    v = verdict_of(m, tmp_path)
+    assert decision(v) == "no_gain"
+    assert "frees nothing" in v["decisions"]["cand"]["reasons"][0]
+    assert "1.00x" in v["decisions"]["cand"]["reasons"][0]
+    assert v["exit_code"] == 0 and v["recommendation"]["server"] == "ref"
+
+
+@pytest.mark.parametrize(("tokens", "expected"), [(105_000, "adopt"), (104_999, "no_gain")])
+def test_capacity_gain_boundary_is_inclusive(tmp_path, tokens, expected):
+    m = Measurements()
+    m.servers[1] = ("cand", "candidate", tokens, "fp8")
+    assert decision(verdict_of(m, tmp_path)) == expected
+
+
+@pytest.mark.parametrize(("ci", "expected"), [
+    ([0.0, 0.01], "pass"),            # upper end exactly on the bar: within it
+    ([0.009, 0.0101], "inconclusive"),  # straddles
+    ([0.01, 0.02], "inconclusive"),   # lower end on the bar: not clearly over it
+    ([0.0101, 0.02], "fail"),
+])
+def test_perplexity_bar_boundaries(tmp_path, ci, expected):
+    m = Measurements()
+    m.perplexity["servers"]["cand"].update(delta=sum(ci) / 2, ci95=ci)
+    v = verdict_of(m, tmp_path)
+    assert outcomes(v, "perplexity_delta_max") == [expected]
+    assert decision(v) == {"pass": "adopt", "inconclusive": "inconclusive", "fail": "reject"}[expected]
+
+
+def test_inconclusive_quality_blocks_adopt_and_says_why(tmp_path):
+    m = Measurements()
+    m.perplexity["servers"]["cand"].update(delta=0.008, ci95=[0.002, 0.015])
+    v = verdict_of(m, tmp_path)
+    d = v["decisions"]["cand"]
+    assert d["decision"] == "inconclusive"
+    assert any("straddles" in r for r in d["reasons"])
+    assert v["exit_code"] == 1
+
+
+def test_one_lost_needle_with_a_zero_bar_is_inconclusive(tmp_path):
+    m = Measurements()
+    m.needle["cases"] = needle_cases("ref", 20) + needle_cases("cand", 19)
+    v = verdict_of(m, tmp_path)
+    assert outcomes(v, "needle_recall_drop_max") == ["inconclusive"]
+
+
+def test_invalid_names_every_differing_field(tmp_path):
+    m = Measurements()
+    m.pin_differences["cand"] = [
+        {"field": "max_model_len", "values": {"ref": 8192, "cand": 4096}, "text": "max_model_len: ref=8192 cand=4096"},
+        {"field": "version", "values": {"ref": "0.32.0", "cand": "0.31.0"}, "text": "version: ref=0.32.0 cand=0.31.0"}]
+    v = verdict_of(m, tmp_path)
+    assert decision(v) == "invalid"
+    reasons = " ".join(v["decisions"]["cand"]["reasons"])
+    assert "max_model_len: ref=8192 cand=4096" in reasons and "version: ref=0.32.0 cand=0.31.0" in reasons
+    assert v["exit_code"] == 3
+
+
+def test_broken_at_smoke_and_broken_during_a_probe(tmp_path):
+    m = Measurements()
+    m.servers.append(("dead", "candidate", 200_000, "int8"))
+    m.status["dead"] = ("broken", "dead: first-prefill smoke (4096 tokens) failed: HTTP 500")
+    m.broken_events.append(("cand", "cand: connection reset during load"))
+    v = verdict_of(m, tmp_path)
+    assert decision(v, "dead") == "broken" and "HTTP 500" in v["decisions"]["dead"]["reasons"][0]
+    assert decision(v, "cand") == "broken" and "connection reset" in v["decisions"]["cand"]["reasons"][0]
+    assert v["exit_code"] == 4
+
+
+def test_the_largest_adopted_capacity_wins_ties_go_to_config_order(tmp_path):
+    m = Measurements()
+    m.servers += [("big", "candidate", 400_000, "fp8"), ("big2", "candidate", 400_000, "fp8")]
+    for name in ("big", "big2"):
+        m.perplexity["servers"][name] = dict(m.perplexity["servers"]["cand"])
+        m.needle["cases"] += needle_cases(name, 20)
+        m.load["servers"][name] = {"cases": load_cases([104, 105, 103, 104], [0.97, 0.98, 0.96, 0.97])}
+    v = verdict_of(m, tmp_path)
+    assert [decision(v, n) for n in ("cand", "big", "big2")] == ["adopt"] * 3
+    assert v["recommendation"]["server"] == "big"
+
+
+def test_probes_not_asked_for_hold_back_adopt_but_do_not_fail_the_run(tmp_path):
+    m = Measurements()
+    m.probes_requested = ["capacity"]
+    v = verdict_of(m, tmp_path)
+    assert v["probes_status"] == {"capacity": "ran", "perplexity": "not run", "agreement": "not run",
+                                  "needle": "not run", "load": "not run"}
+    assert decision(v) == "inconclusive"
+    assert set(outcomes(v, "perplexity_delta_max")) == {"not_measured"}
+    assert v["exit_code"] == 0
+
+
+def test_a_probe_asked_for_that_left_no_results_fails_the_run(tmp_path):
+    m = Measurements()
+    m.needle = None  # e.g. interrupted before it wrote needle.json
+    v = verdict_of(m, tmp_path)
+    assert v["probes_status"]["needle"] == "requested, no results"
+    assert decision(v) == "inconclusive" and v["exit_code"] == 1
+
+
+def test_optional_agreement_bars_apply_only_when_set(tmp_path):
+    m = Measurements()
+    m.agreement["cand"]["kl_mean"] = 0.5
+    assert decision(verdict_of(m, tmp_path, "a")) == "adopt"
+    m.bars["kl_mean_max"] = 0.1
+    v = verdict_of(m, tmp_path, "b")
+    assert decision(v) == "reject" and "mean KL divergence 0.5000" in v["decisions"]["cand"]["reasons"][0]
+
+
+def test_same_directory_same_bytes(tmp_path):
+    run = Measurements().write(tmp_path / "run")
+    assert verdict_bytes(build_verdict(run)) == verdict_bytes(build_verdict(run))
+
+
+def test_rederive_catches_an_edited_number(tmp_path):
+    v = verdict_of(Measurements(), tmp_path)
+    edited = orjson.loads(verdict_bytes(v))
+    edited["probes"]["perplexity"]["servers"]["cand"]["ci95"] = [0.02, 0.03]
+    problems = rederive(edited)
+    assert problems and "cand: recorded decision 'adopt', the numbers give 'reject'" in problems[0]
+
+
+def test_rederive_catches_an_edited_decision(tmp_path):
+    m = Measurements()
+    m.perplexity["servers"]["cand"].update(delta=0.05, ci95=[0.03, 0.07])
+    edited = orjson.loads(verdict_bytes(verdict_of(m, tmp_path)))
+    edited["decisions"]["cand"]["decision"] = "adopt"
+    assert any("recorded decision 'adopt', the numbers give 'reject'" in p for p in rederive(edited))
+
+
+def test_load_cases_that_carry_their_repeats(tmp_path):
+    """The load probe's shape: one entry per (shape, agents) with its runs under "repeats"."""
+    def case(tps: list[float]) -> dict:
+        runs = [{"repeat": i, "output_tokens_per_s": t, "ttft_p99_s": 0.5, "itl_p99_s": 0.05, "e2e_p99_s": 2.0,
+                 "metrics": {"samples": 3}} for i, t in enumerate(tps)]
+        return {"agents": 2, "shape": "short", "turns": 2, "mode": "closed", "rate": None, "requests": 8,
+                "errors": 0, "output_tokens_per_s": sum(tps) / len(tps), "ttft_p99_s": 0.5, "repeats": runs}
+
+    m = Measurements()
+    m.load["servers"]["ref"]["cases"] = [case([100, 102, 98])]
+    m.load["servers"]["cand"]["cases"] = [case([50, 51, 49])]
+    v = verdict_of(m, tmp_path)
+    check = next(c for c in v["decisions"]["cand"]["checks"] if c["bar"] == "throughput_drop_max")
+    assert check["case"] == "shape=short agents=2" and check["outcome"] == "fail"
+    assert check["ratio"] == pytest.approx(0.5)
+    assert "over 3+3 runs" in check["text"]
+    assert "metrics" not in v["probes"]["load"]["servers"]["ref"]["cases"][0]["repeats"][0]
+
+
+def test_agreement_bars_use_the_probes_intervals(tmp_path):
+    m = Measurements()
+    m.bars["top1_agreement_min"] = 0.95
+    m.agreement["cand"].update(top1_agreement=0.96, top1_agreement_ci95=[0.93, 0.98])
+    v = verdict_of(m, tmp_path, "straddle")
+    assert outcomes(v, "top1_agreement_min") == ["inconclusive"]
+    m.agreement["cand"].update(top1_agreement=0.5, top1_agreement_ci95=[0.45, 0.55])
+    v = verdict_of(m, tmp_path, "low")
+    assert outcomes(v, "top1_agreement_min") == ["fail"] and decision(v) == "reject"

@@ -1,0 +1,103 @@
+"""Hand-built measurement sets for the verdict tests: a run directory written the way the probes
+write theirs (shapes from issues 2-5), so `gather` and `decide` are exercised together."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from kvprobe.store import RunDir
+
+BARS = {"perplexity_delta_max": 0.01, "needle_recall_drop_max": 0.0, "capacity_gain_min": 0.05,
+        "throughput_drop_max": 0.05, "p99_latency_rise_max": 0.10, "kl_mean_max": None,
+        "top1_agreement_min": None}
+
+
+def inventory(name: str, role: str, tokens: int, *, status: str = "ok", error: str | None = None,
+              dtype: str = "auto") -> dict[str, Any]:
+    return {
+        "name": name, "url": f"http://127.0.0.1/{name}", "role": role, "status": status, "error": error,
+        "healthy": status == "ok", "version": "0.32.0", "model": "needle-llama", "model_root": "/m",
+        "max_model_len": 8192, "cache_config": {"cache_dtype": dtype, "block_size": "16"},
+        "capacity": {"kv_cache_tokens": tokens, "estimate": False, "max_concurrency": tokens / 8192,
+                     "num_blocks": tokens // 16, "block_size": 16},
+        "kv_usage": 0.0, "has_tokenize": True, "smoke": {"ok": status == "ok", "prompt_tokens": 4096},
+        "warnings": [], "cache_dtype": dtype,
+    }
+
+
+def needle_cases(server: str, hits: int, n: int = 20, truncated: int = 0) -> list[dict[str, Any]]:
+    out = []
+    for i in range(n):
+        status = "hit" if i < hits else ("truncated" if i < hits + truncated else "miss")
+        out.append({"id": f"n{i:02d}", "length_tokens": 1024 + 100 * i, "depth_tokens": 50 * i, "server": server,
+                    "status": status, "found_in": "reasoning,content" if status == "hit" else None})
+    return out
+
+
+def load_cases(tps: list[float], p99: list[float], agents: int = 4) -> list[dict[str, Any]]:
+    return [{"agents": agents, "requests": 16, "errors": 0, "output_tokens_per_s": t, "ttft_p99_s": p,
+             "itl_p99_s": p / 10, "e2e_p99_s": p * 4, "kv_usage_max": 0.1, "preemptions": 0}
+            for t, p in zip(tps, p99, strict=True)]
+
+
+class Measurements:
+    """A passing two-server run by default (ref vs cand, cand at 2x capacity); tests edit it."""
+
+    def __init__(self) -> None:
+        self.bars = dict(BARS)
+        self.probes_requested = ["capacity", "perplexity", "agreement", "needle", "load"]
+        self.servers = [("ref", "reference", 100_000, "auto"), ("cand", "candidate", 200_000, "fp8")]
+        self.status: dict[str, tuple[str, str | None]] = {}
+        self.pin_differences: dict[str, list[dict[str, Any]]] = {}
+        self.broken_events: list[tuple[str, str]] = []
+        self.perplexity: dict[str, Any] | None = {
+            "reference": "ref",
+            "servers": {"ref": {"bits_per_byte": 1.0, "word_perplexity": 20.0, "delta": 0.0, "ci95": [0.0, 0.0],
+                                "noise": 0.0005, "outcome": "pass"},
+                        "cand": {"bits_per_byte": 1.001, "word_perplexity": 20.02, "delta": 0.001,
+                                 "ci95": [-0.002, 0.004], "noise": 0.0005, "outcome": "pass"}}}
+        self.agreement: dict[str, Any] | None = {"cand": {"kl_mean": 0.002, "kl_p99": 0.02, "top1_agreement": 0.98}}
+        self.needle: dict[str, Any] | None = {
+            "reference": "ref",
+            "servers": {"ref": {"hit": 20, "miss": 0, "truncated": 0, "error": 0, "recall": 1.0},
+                        "cand": {"hit": 20, "miss": 0, "truncated": 0, "error": 0, "recall": 1.0}},
+            "cases": needle_cases("ref", 20) + needle_cases("cand", 20)}
+        self.load: dict[str, Any] | None = {
+            "reference": "ref",
+            "servers": {"ref": {"cases": load_cases([100, 101, 99, 100], [1.0, 1.01, 0.99, 1.0])},
+                        "cand": {"cases": load_cases([104, 105, 103, 104], [0.97, 0.98, 0.96, 0.97])}}}
+
+    def copy(self) -> Measurements:
+        return copy.deepcopy(self)
+
+    def write(self, path: Path) -> RunDir:
+        run = RunDir.create(path)
+        config = {"bars": self.bars,
+                  "server": [{"name": n, "url": f"http://127.0.0.1/{n}", "role": r} for n, r, _, _ in self.servers]}
+        run.write_json("run.json", {"kvprobe_version": "0.1.0", "started": "2026-01-01T00:00:00.000Z",
+                                    "probes": self.probes_requested, "config": config})
+        for name, role, tokens, dtype in self.servers:
+            status, error = self.status.get(name, ("ok", None))
+            run.write_json(f"inventory/{name}.json", inventory(name, role, tokens, status=status, error=error,
+                                                               dtype=dtype))
+            run.event("inventory", server=name, status=status)
+        ref = self.servers[0][0]
+        pin = {"valid": not any(self.pin_differences.values()),
+               "differences": [d for ds in self.pin_differences.values() for d in ds],
+               "by_candidate": {n: self.pin_differences.get(n, []) for n, r, _, _ in self.servers
+                                if r == "candidate"},
+               "unchecked": []}
+        caps = {n: {"kv_cache_tokens": t, "ratio": t / self.servers[0][2], "cache_dtype": d, "estimate": False}
+                for n, _, t, d in self.servers}
+        if "capacity" in self.probes_requested:
+            run.write_json("capacity.json", {"reference": ref, "servers": caps, "pin": pin})
+        run.event("pin", **pin)
+        for name, error in self.broken_events:
+            run.event("broken", server=name, error=error)
+        for probe in ("perplexity", "agreement", "needle", "load"):
+            data = getattr(self, probe)
+            if data is not None and probe in self.probes_requested:
+                run.write_json(f"{probe}.json", data)
+        return run
