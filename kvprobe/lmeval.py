@@ -114,6 +114,18 @@ def passages_digest(passages: list[Passage]) -> str:
     return h.hexdigest()[:16]
 
 
+def prepare() -> None:
+    """Import lm-eval and what it loads lazily, once, before servers are evaluated in threads: a
+    module half-imported by one thread looks complete to another (datasets then fails on
+    `transformers.PreTrainedTokenizerBase` while a local tokenizer is being loaded elsewhere)."""
+    import datasets  # noqa: F401
+    import lm_eval  # noqa: F401
+    import transformers
+    from lm_eval.models import openai_completions  # noqa: F401
+
+    _ = transformers.PreTrainedTokenizerBase, transformers.AutoTokenizer
+
+
 def _task_manager(tasks_dir: Path) -> Any:
     from lm_eval.tasks import TaskManager
 
@@ -125,6 +137,7 @@ def task_passages(task: str, limit: int | None = None, tasks_dir: Path = TASKS_D
     """The documents lm-eval will score, in lm-eval's order (its `limit` takes the first N)."""
     from kvprobe.errors import ConfigError
 
+    prepare()
     manager = _task_manager(tasks_dir)
     try:
         obj = manager.load([task])["tasks"][task]
@@ -244,10 +257,12 @@ def tokenize(target: Target, passages: list[Passage]) -> tuple[int, list[list[in
 
 @contextlib.contextmanager
 def quiet() -> Iterator[None]:
-    """lm-eval logs every setting at INFO and warns about our custom dataset: keep errors only."""
+    """lm-eval logs every setting at INFO, warns about our custom dataset, and logs a failed request
+    with the repr of aiohttp's error, which carries the request headers (the API key). kvprobe
+    reports failures itself, in one line without headers, so lm-eval's log stays shut."""
     logger = logging.getLogger("lm_eval")
     level = logger.level
-    logger.setLevel(logging.ERROR)
+    logger.setLevel(logging.CRITICAL + 1)
     try:
         yield
     finally:

@@ -282,18 +282,27 @@ def test_server_without_tokenizer_info_uses_the_tokenizer_path(vllm_servers, tmp
         assert "--enable-tokenizer-info-endpoint" in line and "servers.toml" in line
 
 
-def test_server_failing_mid_probe_is_marked_broken_and_the_others_finish(vllm_servers, tmp_path: Path):
+def test_server_failing_mid_probe_is_marked_broken_and_the_others_finish(
+        vllm_servers, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture):
     def scoring_request(body: bytes) -> bool:
         data = orjson.loads(body) if body else {}
         return bool(data.get("echo") or data.get("prompt_logprobs"))
 
+    secret = "sk-kvprobe-test-0123456789"
+    monkeypatch.setenv("KVPROBE_TEST_FP8_KEY", secret)
     with Proxy(vllm_servers["fp8"].url, fail=scoring_request) as proxy:
         servers = [{"name": "auto", "url": vllm_servers["auto"].url, "role": "reference"},
-                   {"name": "fp8", "url": proxy.url}]
+                   {"name": "fp8", "url": proxy.url, "api_key_env": "KVPROBE_TEST_FP8_KEY"}]
         run = RunDir.create(tmp_path / "run")
+        caplog.set_level("DEBUG")
         outcome = run_eval_sync(_config(servers, perplexity={"limit": 2}, agreement={"passages": 1}), run,
                                 ["perplexity", "agreement"], Console(stderr=True))
     assert proxy.failed >= 1
+    # The failed requests carried the key; no log line, message or file repeats it.
+    out, err = capfd.readouterr()
+    assert secret not in out + err + caplog.text + " ".join(outcome.messages)
+    assert not any(secret.encode() in f.read_bytes() for f in run.path.rglob("*") if f.is_file())
     assert outcome.exit_code == EXIT_BROKEN
     assert "500" in outcome.ctx.broken["fp8"]
     ppl = run.read_json("perplexity.json")
