@@ -94,6 +94,8 @@ def verdict_tables(verdict: dict[str, Any]) -> list[Table]:
     from kvprobe.report.tables import all_tables
 
     return [rich_table(t) for t in all_tables(verdict) if t.title not in ("Every check", "Bars (fixed before the run)")]
+
+
 _OUTCOME_STYLE = {"pass": "[green]pass[/green]", "fail": "[red]FAIL[/red]",
                   "inconclusive": "[yellow]inconclusive[/yellow]"}
 
