@@ -22,7 +22,7 @@ from aiohttp import ClientSession, web
 from rich.console import Console
 
 from kvprobe.config import parse_config
-from kvprobe.errors import EXIT_BROKEN, EXIT_OK, ConfigError
+from kvprobe.errors import EXIT_BAR_FAILED, EXIT_BROKEN, EXIT_OK, ConfigError
 from kvprobe.evaluation import EvalOutcome, run_eval_sync
 from kvprobe.servers import NEEDLE_LLAMA
 from kvprobe.servers.launcher import free_port
@@ -113,8 +113,12 @@ def test_run_needs_no_network_and_every_server_serves(quality_run):
     outcome, _, guard = quality_run
     assert guard.refused == []
     assert guard.loopback_connects > 0  # the guard really saw the run's connections
-    assert outcome.exit_code == EXIT_OK, outcome.messages
     assert outcome.ctx.broken == {}
+    # int8_per_token_head fails the perplexity bar, so the run's verdict fails a bar.
+    assert outcome.exit_code == EXIT_BAR_FAILED, outcome.messages
+    decisions = outcome.ctx.results["verdict"]["decisions"]
+    assert decisions["int8_per_token_head"]["decision"] == "reject"
+    assert decisions["fp8"]["decision"] != "reject"
 
 
 def test_reference_against_itself_zero_delta_and_full_top1_agreement(quality_run):
@@ -193,8 +197,8 @@ def test_rerun_into_the_same_directory_resumes(quality_run, vllm_servers):
     before = {kind: len(_events(run, kind)) for kind in ("perplexity_run", "perplexity_doc", "agreement_doc")}
     first = run.read_json("perplexity.json")
     config = _config(_trio(vllm_servers), perplexity={"limit": PPL_DOCS}, agreement={"passages": AGREE_DOCS})
-    outcome = run_eval_sync(config, run, ["perplexity", "agreement"], Console(stderr=True, width=160))
-    assert outcome.exit_code == EXIT_OK
+    outcome = run_eval_sync(config, run, ["perplexity", "agreement"], Console(stderr=True, width=160), resume=True)
+    assert outcome.exit_code == EXIT_BAR_FAILED and outcome.ctx.broken == {}
     after = {kind: len(_events(run, kind)) for kind in before}
     assert after == before  # nothing measured twice
     again = run.read_json("perplexity.json")
