@@ -245,6 +245,15 @@ class Client:
                 body["chat_template_kwargs"] = chat_template_kwargs
         return (await self._post_json("/tokenize", body, idempotent=True))["tokens"]
 
+    async def tokenizer_info(self) -> dict[str, Any] | None:
+        """GET /tokenizer_info (vLLM with --enable-tokenizer-info-endpoint); None when not offered."""
+        try:
+            return await self._get_json("/tokenizer_info")
+        except ServerError as exc:
+            if exc.status in (404, 405, 501):
+                return None
+            raise
+
     async def detokenize(self, tokens: list[int]) -> str:
         body: dict[str, Any] = {"tokens": tokens} | ({"model": self.model} if self.model else {})
         return (await self._post_json("/detokenize", body, idempotent=True))["prompt"]

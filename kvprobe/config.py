@@ -77,12 +77,18 @@ class PerplexitySettings(_Strict):
     reference_repeats: int = Field(2, ge=2, description="reference runs, for the noise floor")
     bootstrap_resamples: int = Field(2000, ge=100)
     seed: int = 0
+    delta_unit: Literal["byte", "word", "token"] = Field(
+        "byte", description="which perplexity the delta and the bar are on (byte: the unit of bits_per_byte)")
 
 
 class AgreementSettings(_Strict):
     top_k: int = Field(20, ge=1, le=20, description="prompt logprobs per position (vLLM caps at 20)")
-    passages: int = Field(4, ge=1)
-    max_tokens_per_passage: int = Field(2048, ge=16)
+    passages: int = Field(4, ge=1, description="the first N passages of the perplexity task")
+    # Past one 2048-token prefill chunk, so later positions read the (quantized) cache.
+    max_tokens_per_passage: int = Field(4096, ge=16)
+    # One at a time: a server then splits every prompt into the same prefill chunks in every pass,
+    # so the reference matches itself exactly and candidates differ only by their KV dtype.
+    concurrency: int = Field(1, ge=1, description="requests in flight per server")
 
 
 class NeedleSettings(_Strict):

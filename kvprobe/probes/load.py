@@ -19,14 +19,13 @@ from dataclasses import replace
 from typing import Any
 
 import orjson
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from kvprobe.errors import ConfigError, KvprobeError, Unreachable
 from kvprobe.evaluation import EvalContext
 from kvprobe.loadgen import CaseRunner
 from kvprobe.loadstats import combine_repeats, compare_case, summarize_run, worst
-from kvprobe.report.terminal import load_table
+from kvprobe.report.terminal import load_table, print_wide
 from kvprobe.sampler import MetricsSampler
 from kvprobe.workload import Shape, TextSource, case_nonce, measure_chars_per_token, shapes_of
 
@@ -277,7 +276,5 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
                 await _run_unit(ctx, name, shape, agents, repeat, digest, source, notes, progress, tasks[name])
     summary = build_summary(ctx, digest, servers)
     ctx.run.write_json("load.json", summary)
-    # 14 columns: in a CI log (not a terminal) print wide rather than wrap every cell.
-    out = ctx.console if ctx.console.is_terminal else Console(file=ctx.console.file, width=200, no_color=True)
-    out.print(load_table(summary))
+    print_wide(ctx.console, load_table(summary))
     return summary

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich import box
+from rich.console import Console
 from rich.table import Table
 
 from kvprobe.inventory import Inventory
@@ -95,11 +96,76 @@ def verdict_tables(verdict: dict[str, Any]) -> list[Table]:
     return [rich_table(t) for t in all_tables(verdict) if t.title not in ("Every check", "Bars (fixed before the run)")]
 
 
+_OUTCOME_STYLE = {"pass": "[green]pass[/green]", "fail": "[red]FAIL[/red]",
+                  "inconclusive": "[yellow]inconclusive[/yellow]"}
+
+
+def _pct(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:+.{digits}%}"
+
+
+def perplexity_table(summary: dict[str, Any]) -> Table:
+    unit = summary.get("unit", "byte")
+    n = len(summary.get("passages") or [])
+    table = Table(title=f"Perplexity: {n} passages, {summary.get('crossed_chunk')} past one prefill chunk",
+                  caption=f"delta: {unit} perplexity vs the reference, paired 95% CI over passages; "
+                          f"bar {_pct(summary.get('bar'))}; noise: the reference's own run-to-run delta",
+                  header_style="bold")
+    for col in ("server", "bits/byte", "word ppl", "delta", "95% CI", "noise", "outcome"):
+        table.add_column(col, justify="left" if col in ("server", "outcome") else "right")
+    for name, row in summary.get("servers", {}).items():
+        label = f"{name} (ref)" if name == summary.get("reference") else name
+        if row.get("bits_per_byte") is None:
+            table.add_row(label, "-", "-", "-", "-", "-", f"[red]{row.get('error') or 'not measured'}[/red]")
+            continue
+        ci = row.get("ci95")
+        noise = row.get("noise")
+        table.add_row(
+            label, f"{row['bits_per_byte']:.4f}", f"{row['word_perplexity']:.4g}", _pct(row.get("delta")),
+            "-" if not ci else f"{ci[0]:+.2%}..{ci[1]:+.2%}", "-" if noise is None else f"{noise:.2%}",
+            _OUTCOME_STYLE.get(row.get("outcome") or "", "-"),
+        )
+    return table
+
+
+def agreement_table(summary: dict[str, Any]) -> Table:
+    table = Table(title="Agreement with the reference on the same token positions",
+                  caption="KL: reference || candidate over the top-k tokens plus one leftover bucket (nats); "
+                          "|dlp|: largest logprob difference at a position",
+                  header_style="bold")
+    for col in ("server", "positions", "top-1", "KL mean", "KL p50", "KL p99", "KL max", "|dlp| p50",
+                "|dlp| p99", "|dlp| max", "outcome"):
+        table.add_column(col, justify="left" if col in ("server", "outcome") else "right")
+    for name, row in summary.items():
+        label = f"{name} (self)" if row.get("self") else name
+        if not row.get("positions"):
+            table.add_row(label, "0", *["-"] * 8, f"[red]{row.get('error') or 'not measured'}[/red]")
+            continue
+        outs = row.get("outcome") or {}
+        verdicts = " ".join(f"{k}:{_OUTCOME_STYLE.get(v, v)}" for k, v in outs.items()) or "-"
+        table.add_row(
+            label, f"{row['positions']:,}", f"{row['top1_agreement']:.1%}", f"{row['kl_mean']:.3g}",
+            f"{row['kl_median']:.3g}", f"{row['kl_p99']:.3g}", f"{row['kl_max']:.3g}",
+            f"{row['logprob_diff_median']:.3g}", f"{row['logprob_diff_p99']:.3g}", f"{row['logprob_diff_max']:.3g}",
+            verdicts,
+        )
+    return table
+
+
+def print_wide(console: Console, table: Table) -> None:
+    """Print a table on `console`; when that is not a terminal (a CI log, a pipe) use 160 columns, as
+    `kvprobe eval` does for stdout, instead of rich's 80."""
+    if console.is_terminal:
+        console.print(table)
+    else:
+        Console(file=console.file, width=160, color_system=None).print(table)
+
+
 def _ms(seconds: Any) -> str:
     return "-" if seconds is None else f"{seconds * 1000:,.1f}"
 
 
-_OUTCOME_STYLE = {"pass": "green", "fail": "red", "inconclusive": "yellow"}
+_LOAD_STYLE = {"pass": "green", "fail": "red", "inconclusive": "yellow"}
 
 
 def _ratio_cell(check: dict[str, Any] | None) -> str:
@@ -107,7 +173,7 @@ def _ratio_cell(check: dict[str, Any] | None) -> str:
         return "-"
     iv = check.get("interval")
     span = f" [{iv[0]:.2f}, {iv[1]:.2f}]" if iv else ""
-    style = _OUTCOME_STYLE.get(check["outcome"], "")
+    style = _LOAD_STYLE.get(check["outcome"], "")
     return f"{check['ratio']:.2f}x{span} [{style}]{check['outcome']}[/{style}]"
 
 

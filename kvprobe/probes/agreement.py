@@ -1,0 +1,215 @@
+"""Agreement: do a candidate's next-token distributions match the reference's on the same tokens?
+
+The first `passages` passages of the perplexity task, tokenized once with lm-eval's tokenizer and
+prefix token, are sent as token ids to every server with `prompt_logprobs = top_k` (such requests
+skip vLLM's prefix cache, so each is a real prefill). Per position: approximate KL divergence (the
+tokens both servers reported plus one leftover-mass bucket), top-1 agreement, and the largest
+absolute logprob difference; summarised as mean, median, p99 and max over all positions. The
+reference is fetched twice and compared with itself: its row is the run-to-run floor.
+
+Events: agreement_doc (one per server and passage, with the per-position values). A rerun into the
+same directory skips every (server, passage) already recorded with the same settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import orjson
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from kvprobe.divergence import Comparison, TopK, compare, parse_prompt_logprobs
+from kvprobe.errors import ConfigError, ServerError
+from kvprobe.passages import split_ids
+from kvprobe.probes.perplexity import is_server_failure, one_line, ordered_active, targets_for
+from kvprobe.stats import Interval, bar_outcome, paired_bootstrap
+
+if TYPE_CHECKING:
+    from kvprobe.client import Client
+    from kvprobe.evaluation import EvalContext
+
+
+async def fetch_positions(client: Client, prefix: int, ids: list[int], max_model_len: int,
+                          top_k: int) -> list[TopK | None]:
+    """Top-k logprobs at every position of a passage (split into windows when it is too long for
+    one request: each window starts again after the prefix token, nothing is dropped)."""
+    positions: list[TopK | None] = []
+    for window in split_ids(ids, max_model_len):
+        try:
+            data = await client.completions({"prompt": [prefix, *window], "max_tokens": 1, "temperature": 0,
+                                             "prompt_logprobs": top_k})
+        except ServerError as exc:
+            if exc.status == 400 and "logprob" in exc.detail.lower():
+                raise ConfigError([f"{client.name}: {exc.detail}: lower agreement.top_k in servers.toml"]) from None
+            raise
+        got = parse_prompt_logprobs(data)
+        if len(got) != len(window) + 1:
+            raise ServerError(client.name, f"{len(got)} prompt logprobs for a {len(window) + 1}-token prompt",
+                              path="/v1/completions")
+        positions.extend(got[1:])  # position 0 is the prefix token, which has no logprob
+    return positions
+
+
+def summarise_server(per_doc: list[Comparison], *, resamples: int = 2000, seed: int = 0) -> dict[str, Any]:
+    """Pooled over every position of every passage; intervals from a bootstrap over passages."""
+    kl = np.concatenate([np.asarray(c.kl, float) for c in per_doc]) if per_doc else np.zeros(0)
+    top1 = np.concatenate([np.asarray(c.top1, float) for c in per_doc]) if per_doc else np.zeros(0)
+    diff = np.concatenate([np.asarray(c.diff, float) for c in per_doc]) if per_doc else np.zeros(0)
+    if kl.size == 0:
+        return {"positions": 0, "passages": len(per_doc)}
+    counts = [c.positions for c in per_doc]
+
+    def pooled(values: list[float]) -> Interval:
+        # A passage is a pair (sum over its positions, its position count): a ratio of sums per resample.
+        return paired_bootstrap(values, counts, lambda s, n: s.sum(axis=-1) / n.sum(axis=-1),
+                                resamples=resamples, seed=seed)
+
+    kl_ci = pooled([float(np.sum(c.kl)) for c in per_doc])
+    top1_ci = pooled([float(np.sum(c.top1)) for c in per_doc])
+    return {
+        "kl_mean": float(kl.mean()),
+        "kl_mean_ci95": kl_ci.as_list(),
+        "kl_median": float(np.median(kl)),
+        "kl_p99": float(np.percentile(kl, 99)),
+        "kl_max": float(kl.max()),
+        "top1_agreement": float(top1.mean()),
+        "top1_agreement_ci95": top1_ci.as_list(),
+        "logprob_diff_median": float(np.median(diff)),
+        "logprob_diff_p99": float(np.percentile(diff, 99)),
+        "logprob_diff_max": float(diff.max()),
+        "positions": int(kl.size),
+        "passages": len(per_doc),
+    }
+
+
+def outcomes(entry: dict[str, Any], kl_mean_max: float | None, top1_min: float | None) -> dict[str, str] | None:
+    """Outcomes against the optional bars (kvprobe.stats.bar_outcome, on the intervals)."""
+    out: dict[str, str] = {}
+    if kl_mean_max is not None and "kl_mean_ci95" in entry:
+        lo, hi = entry["kl_mean_ci95"]
+        out["kl_mean"] = bar_outcome(Interval(entry["kl_mean"], lo, hi), kl_mean_max)
+    if top1_min is not None and "top1_agreement_ci95" in entry:
+        lo, hi = entry["top1_agreement_ci95"]
+        # Lower agreement is worse: compare the disagreement rate with 1 - bar.
+        out["top1_agreement"] = bar_outcome(Interval(1 - entry["top1_agreement"], 1 - hi, 1 - lo), 1 - top1_min)
+    return out or None
+
+
+def _key(top_k: int, max_tokens: int, max_model_len: int, prefix: int, ids: list[list[int]]) -> str:
+    h = hashlib.sha256(orjson.dumps({"top_k": top_k, "max_tokens": max_tokens, "max_model_len": max_model_len,
+                                     "prefix": prefix, "ids": ids}))
+    return h.hexdigest()[:12]
+
+
+def _recorded(ctx: EvalContext, key: str) -> dict[tuple[str, int], Comparison]:
+    out = {}
+    for e in ctx.run.events("agreement_doc", key=key):
+        out[(e["server"], e["doc"])] = Comparison(e["kl"], [bool(x) for x in e["top1"]], e["diff"])
+    return out
+
+
+async def run(ctx: EvalContext) -> dict[str, Any]:
+    from kvprobe import lmeval
+
+    settings = ctx.config.agreement
+    ref = ctx.reference
+    names = ordered_active(ctx)
+    if ref not in names:
+        ctx.run.write_json("agreement.json", {})
+        return {}
+    max_model_len = min(ctx.inventories[n].max_model_len or 0 for n in names)
+    if max_model_len < 3:
+        raise ConfigError([f"{n}: max_model_len unknown (/v1/models has none): agreement needs it" for n in names
+                           if not ctx.inventories[n].max_model_len])
+    targets = await targets_for(ctx, names, max_model_len, ctx.config.perplexity.num_concurrent)
+    if ref not in targets:
+        ctx.run.write_json("agreement.json", {})
+        return {}
+    with lmeval.quiet():
+        passages = await asyncio.to_thread(lmeval.task_passages, ctx.config.perplexity.task, settings.passages)
+        try:
+            prefix, full_ids = await asyncio.to_thread(lmeval.tokenize, targets[ref], passages)
+        except Exception as exc:
+            if not is_server_failure(exc):
+                raise
+            ctx.mark_broken(ref, f"agreement: tokenizing the passages: {one_line(exc)}")
+            ctx.run.write_json("agreement.json", {})
+            return {}
+    ids = [toks[: settings.max_tokens_per_passage] for toks in full_ids]
+    key = _key(settings.top_k, settings.max_tokens_per_passage, max_model_len, prefix, ids)
+    done = _recorded(ctx, key)
+    # The reference against itself: a second fetch compared with the first.
+    compared = [n for n in names if n in targets]
+    pending = {(n, d) for n in compared for d in range(len(ids)) if (n, d) not in done}
+
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("passages"), TimeElapsedColumn(), console=ctx.console, transient=False)
+    ref_positions: dict[int, list[TopK | None]] = {}
+
+    async def fetch(name: str, doc: int) -> list[TopK | None]:
+        return await fetch_positions(ctx.clients[name], prefix, ids[doc], max_model_len, settings.top_k)
+
+    async def reference_pass() -> bool:
+        need = sorted({d for (_, d) in pending})
+        task_id = progress.add_task(f"agreement {ref} (baseline)", total=len(need))
+        for doc in need:
+            try:
+                ref_positions[doc] = await fetch(ref, doc)
+            except Exception as exc:
+                if not is_server_failure(exc):
+                    raise
+                ctx.mark_broken(ref, f"agreement: {one_line(exc)}")
+                return False
+            progress.advance(task_id)
+        return True
+
+    async def server_job(name: str) -> None:
+        todo = [d for d in range(len(ids)) if (name, d) in pending]
+        label = f"agreement {name}" + (" vs itself" if name == ref else f" vs {ref}")
+        task_id = progress.add_task(label, total=len(ids), completed=len(ids) - len(todo))
+        sem = asyncio.Semaphore(settings.concurrency)
+
+        async def one(doc: int) -> None:
+            if name in ctx.broken:
+                return
+            async with sem:
+                try:
+                    positions = await fetch(name, doc)
+                except Exception as exc:
+                    if not is_server_failure(exc):
+                        raise
+                    ctx.mark_broken(name, f"agreement: {one_line(exc)}")
+                    return
+            result = compare(ref_positions[doc], positions)
+            done[(name, doc)] = result
+            ctx.run.event("agreement_doc", server=name, reference=ref, key=key, doc=doc, id=passages[doc].id,
+                          positions=result.positions, tokens=len(ids[doc]), top_k=settings.top_k,
+                          kl=result.kl, top1=[int(x) for x in result.top1], diff=result.diff)
+            progress.advance(task_id)
+
+        await asyncio.gather(*(one(d) for d in todo))
+
+    with progress:
+        if pending and await reference_pass():
+            await asyncio.gather(*(server_job(n) for n in compared))
+
+    bars = ctx.config.bars
+    summary: dict[str, Any] = {}
+    for name in compared:
+        per_doc = [done[(name, d)] for d in range(len(ids)) if (name, d) in done]
+        entry = summarise_server(per_doc)
+        entry.update(reference=ref, self=name == ref, top_k=settings.top_k,
+                     tokens=sum(len(ids[d]) for d in range(len(ids)) if (name, d) in done),
+                     passages_total=len(ids),
+                     outcome=outcomes(entry, bars.kl_mean_max, bars.top1_agreement_min))
+        if name in ctx.broken:
+            entry["error"] = ctx.broken[name]
+        summary[name] = entry
+    ctx.run.write_json("agreement.json", summary)
+    from kvprobe.report.terminal import agreement_table, print_wide
+
+    print_wide(ctx.console, agreement_table(summary))
+    return summary

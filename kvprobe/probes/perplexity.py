@@ -1,0 +1,259 @@
+"""Perplexity: is a candidate's quality loss on the same passages under the bar fixed before the run?
+
+Every active server scores the task's passages through lm-eval (kvprobe.lmeval), side by side, one
+thread per server, with identical settings. The reference runs `reference_repeats` times: its
+run-to-run delta is the noise floor printed next to each candidate's delta. The delta is the
+relative perplexity rise (unit: bytes by default) with a paired bootstrap 95% interval over
+documents; the outcome follows kvprobe.stats.bar_outcome against `perplexity_delta_max`.
+
+Events: perplexity_plan (passages, tokens, windows, chunk crossing), perplexity_doc (one row per
+server, repeat and document), perplexity_run (a finished lm-eval run). A rerun into the same
+directory skips every (server, repeat) whose perplexity_run is recorded with the same settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from kvprobe.errors import ServerError
+from kvprobe.passages import PassagePlan, plan_passage
+from kvprobe.perplexity_stats import DocRow, perplexities, relative_delta
+from kvprobe.stats import Interval, bar_outcome
+
+if TYPE_CHECKING:
+    from kvprobe.evaluation import EvalContext
+    from kvprobe.lmeval import Target
+
+
+def ordered_active(ctx: EvalContext) -> list[str]:
+    """Active servers, reference first."""
+    names = ctx.active()
+    return sorted(names, key=lambda n: n != ctx.reference)
+
+
+def is_server_failure(exc: BaseException) -> bool:
+    """An error that says the server failed (as opposed to a bug in kvprobe or lm-eval)."""
+    import aiohttp
+    import requests
+
+    if isinstance(exc, ServerError | aiohttp.ClientError | requests.RequestException | TimeoutError | OSError):
+        return True
+    return isinstance(exc, RuntimeError) and "RemoteTokenizer" in str(exc)
+
+
+def one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:300]
+
+
+async def targets_for(ctx: EvalContext, names: list[str], max_length: int, num_concurrent: int) -> dict[str, Target]:
+    """lm-eval settings per server; a server without a usable tokenizer is a config error."""
+    from kvprobe import lmeval
+
+    servers = {s.name: s for s in ctx.config.servers}
+    infos = await asyncio.gather(*(ctx.clients[n].tokenizer_info() for n in names), return_exceptions=True)
+    out: dict[str, Target] = {}
+    for name, info in zip(names, infos, strict=True):
+        if isinstance(info, BaseException):
+            if not isinstance(info, ServerError):
+                raise info
+            ctx.mark_broken(name, f"/tokenizer_info: {one_line(info)}")
+            continue
+        server = servers[name]
+        out[name] = lmeval.Target(
+            name=name, url=server.url, model=ctx.inventories[name].model or ctx.clients[name].model or "",
+            max_length=max_length, tokenizer=lmeval.choose_tokenizer(name, info is not None, server.tokenizer),
+            num_concurrent=num_concurrent, timeout_s=server.timeout_s, api_key=server.api_key(),
+            headers=dict(server.headers))
+    return out
+
+
+def settings_key(task: str, limit: int | None, max_length: int, prefix: int | None, digest: str) -> str:
+    raw = orjson.dumps({"task": task, "limit": limit, "max_length": max_length, "prefix": prefix,
+                        "passages": digest}, option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(raw).hexdigest()[:12]
+
+
+def recorded_rows(ctx: EvalContext, name: str, repeat: int, key: str) -> list[DocRow] | None:
+    """Rows of a finished (server, repeat) run from the events log, or None."""
+    if not any(True for _ in ctx.run.events("perplexity_run", server=name, repeat=repeat, key=key)):
+        return None
+    rows = {e["doc"]: DocRow(e["doc"], e["loglikelihood"], e["words"], e["bytes"], e["tokens"])
+            for e in ctx.run.events("perplexity_doc", server=name, repeat=repeat, key=key)}
+    return [rows[i] for i in sorted(rows)]
+
+
+def recorded_aggregate(ctx: EvalContext, name: str, repeat: int, key: str) -> dict[str, Any]:
+    runs = list(ctx.run.events("perplexity_run", server=name, repeat=repeat, key=key))
+    return runs[-1] if runs else {}
+
+
+async def run(ctx: EvalContext) -> dict[str, Any]:
+    from kvprobe import lmeval
+
+    settings = ctx.config.perplexity
+    bar = ctx.config.bars.perplexity_delta_max
+    ref = ctx.reference
+    names = ordered_active(ctx)
+    if ref not in names:
+        summary = {"reference": ref, "servers": {}, "error": f"reference {ref} is not serving"}
+        ctx.run.write_json("perplexity.json", summary)
+        return summary
+
+    lengths = {n: ctx.inventories[n].max_model_len for n in names}
+    unknown = [n for n, v in lengths.items() if not v]
+    if unknown:
+        from kvprobe.errors import ConfigError
+
+        raise ConfigError([f"{n}: max_model_len unknown (/v1/models has none): perplexity needs it" for n in unknown])
+    max_length = min(v for v in lengths.values() if v)  # identical settings for every server
+    targets = await targets_for(ctx, names, max_length, settings.num_concurrent)
+    if ref not in targets:
+        summary = {"reference": ref, "servers": {}, "error": f"reference {ref}: {ctx.broken.get(ref)}"}
+        ctx.run.write_json("perplexity.json", summary)
+        return summary
+
+    with lmeval.quiet():
+        passages = await asyncio.to_thread(lmeval.task_passages, settings.task, settings.limit)
+        try:
+            prefix, ids = await asyncio.to_thread(lmeval.tokenize, targets[ref], passages)
+        except Exception as exc:
+            if not is_server_failure(exc):
+                raise
+            ctx.mark_broken(ref, f"perplexity: tokenizing the passages: {one_line(exc)}")
+            summary = {"reference": ref, "servers": {}, "error": f"reference {ref}: {ctx.broken[ref]}"}
+            ctx.run.write_json("perplexity.json", summary)
+            return summary
+    targets = {n: replace(t, prefix_token_id=prefix) for n, t in targets.items()}
+    plans = [plan_passage(p.index, p.id, p.text, len(toks), max_length, settings.prefill_chunk_tokens)
+             for p, toks in zip(passages, ids, strict=True)]
+    key = settings_key(settings.task, settings.limit, max_length, prefix, lmeval.passages_digest(passages))
+    if not any(True for _ in ctx.run.events("perplexity_plan", key=key)):
+        ctx.run.event("perplexity_plan", key=key, task=settings.task, limit=settings.limit, max_length=max_length,
+                      prefix_token_id=prefix, prefill_chunk_tokens=settings.prefill_chunk_tokens,
+                      passages=[p.to_dict() for p in plans])
+    for p in plans:
+        if len(p.windows) > 1:
+            ctx.console.print(f"perplexity: passage {p.id} has {p.tokens:,} tokens, more than one request "
+                              f"holds at max_model_len {max_length:,}: scored in {len(p.windows)} windows")
+    if not any(p.crossed_chunk for p in plans):
+        ctx.console.print(f"[yellow]perplexity: no passage is longer than one prefill chunk "
+                          f"({settings.prefill_chunk_tokens:,} tokens)[/yellow]")
+
+    tokens = {p.index: p.tokens for p in plans}
+    total_windows = sum(len(p.windows) for p in plans)
+    rows: dict[tuple[str, int], list[DocRow]] = {}
+    repeats = {n: settings.reference_repeats if n == ref else 1 for n in names}
+    for name in names:
+        for repeat in range(1, repeats[name] + 1):
+            found = recorded_rows(ctx, name, repeat, key)
+            if found is not None:
+                rows[(name, repeat)] = found
+
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("windows"), TimeElapsedColumn(), console=ctx.console, transient=False)
+
+    async def server_job(name: str) -> None:
+        for repeat in range(1, repeats[name] + 1):
+            label = f"perplexity {name}" + (f" (run {repeat})" if repeats[name] > 1 else "")
+            if (name, repeat) in rows:
+                progress.add_task(f"{label} [dim](recorded)[/dim]", total=total_windows, completed=total_windows)
+                continue
+            if name in ctx.broken or name not in targets:
+                return
+            task_id = progress.add_task(label, total=total_windows)
+
+            def on_window(done: int, total: int, task_id: Any = task_id) -> None:
+                progress.update(task_id, completed=done, total=total)
+
+            try:
+                result = await asyncio.to_thread(lmeval.evaluate, targets[name], settings.task, settings.limit,
+                                                 on_window)
+            except Exception as exc:
+                if not is_server_failure(exc):
+                    raise
+                ctx.mark_broken(name, f"perplexity: {one_line(exc)}")
+                return
+            got = [DocRow(d.index, d.loglikelihood, d.words, d.bytes, tokens[d.index]) for d in result.docs]
+            if [r.index for r in got] != [p.index for p in plans]:
+                raise RuntimeError(f"lm-eval scored documents {[r.index for r in got]} on {name}, "
+                                   f"expected {[p.index for p in plans]}")
+            for row, plan in zip(got, plans, strict=True):
+                ctx.run.event("perplexity_doc", server=name, repeat=repeat, key=key, doc=row.index, id=plan.id,
+                              loglikelihood=row.loglikelihood, words=row.words, bytes=row.bytes,
+                              tokens=row.tokens, windows=len(plan.windows), crossed_chunk=plan.crossed_chunk)
+            ctx.run.event("perplexity_run", server=name, repeat=repeat, key=key, docs=len(got),
+                          seconds=result.seconds, windows=result.windows, lm_eval=result.aggregate,
+                          tokenizer=targets[name].tokenizer.describe())
+            rows[(name, repeat)] = got
+
+    with lmeval.quiet(), progress:
+        await asyncio.gather(*(server_job(n) for n in names))
+
+    summary = summarise(ref, names, rows, plans, settings, bar, ctx.broken)
+    summary.update(task=settings.task, limit=settings.limit, max_length=max_length, prefix_token_id=prefix,
+                   prefill_chunk_tokens=settings.prefill_chunk_tokens,
+                   tokenizers={n: t.tokenizer.describe() for n, t in targets.items()})
+    for name in summary["servers"]:
+        agg = recorded_aggregate(ctx, name, 1, key)
+        if agg:
+            summary["servers"][name]["lm_eval"] = agg.get("lm_eval")
+            summary["servers"][name]["seconds"] = agg.get("seconds")
+    ctx.run.write_json("perplexity.json", summary)
+    from kvprobe.report.terminal import perplexity_table, print_wide
+
+    print_wide(ctx.console, perplexity_table(summary))
+    return summary
+
+
+def summarise(ref: str, names: list[str], rows: dict[tuple[str, int], list[DocRow]], plans: list[PassagePlan],
+              settings: Any, bar: float, broken: dict[str, str]) -> dict[str, Any]:
+    """perplexity.json: per server the perplexities, the delta vs the reference with its interval,
+    the reference's own run-to-run delta (noise) and the outcome against the bar."""
+    unit = settings.delta_unit
+    boot = {"resamples": settings.bootstrap_resamples, "seed": settings.seed}
+    ref_rows = rows.get((ref, 1))
+    noise_runs: list[Interval] = []
+    if ref_rows:
+        for repeat in range(2, settings.reference_repeats + 1):
+            if (ref, repeat) in rows:
+                noise_runs.append(relative_delta(ref_rows, rows[(ref, repeat)], unit, **boot))
+    noise = max((abs(i.estimate) for i in noise_runs), default=None)
+    servers: dict[str, Any] = {}
+    for name in names:
+        own = rows.get((name, 1))
+        if own is None:
+            servers[name] = {"error": broken.get(name, "not measured"), "outcome": None}
+            continue
+        entry: dict[str, Any] = perplexities(own)
+        entry["role"] = "reference" if name == ref else "candidate"
+        interval: Interval | None
+        if name == ref:
+            interval = noise_runs[0] if noise_runs else None
+        else:
+            interval = relative_delta(ref_rows, own, unit, **boot) if ref_rows else None
+        entry.update(
+            delta=interval.estimate if interval else None,
+            ci95=interval.as_list() if interval else None,
+            noise=noise,
+            noise_ci95=noise_runs[0].as_list() if noise_runs else None,
+            outcome=bar_outcome(interval, bar) if interval else None,
+        )
+        if name in broken:
+            entry["error"] = broken[name]
+        servers[name] = entry
+    return {
+        "reference": ref,
+        "unit": unit,
+        "bar": bar,
+        "reference_repeats": settings.reference_repeats,
+        "passages": [p.to_dict() for p in plans],
+        "crossed_chunk": sum(p.crossed_chunk for p in plans),
+        "servers": servers,
+    }

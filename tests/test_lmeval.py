@@ -1,0 +1,141 @@
+"""The lm-eval adapter without a server: windows, scheduling, per-document rows, tokenizer choice.
+
+The HTTP layer of lm-eval (aiohttp) is replaced by a scorer that gives every predicted token a
+logprob of -1, so every number that comes back is known in advance.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import httpx
+import pytest
+from replay import Replay
+
+from kvprobe import lmeval
+from kvprobe.client import Client
+from kvprobe.errors import ConfigError
+from kvprobe.passages import rolling_windows
+from kvprobe.servers import NEEDLE_LLAMA
+
+TOKENIZER = lmeval.Tokenizer("huggingface", str(NEEDLE_LLAMA))
+
+
+class FakeScorer:
+    """Stands in for TemplateAPI.amodel_call: records each request, scores -1 per predicted token."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[list[int], int]] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+
+    async def __call__(self, session: Any, sem: Any, messages: list[list[int]], *, generate: bool,
+                       ctxlens: list[int], **_: Any) -> list[tuple[float, bool]]:
+        import asyncio
+
+        async with sem:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            await asyncio.sleep(0.001)
+            self.in_flight -= 1
+        (tokens,) = messages
+        (ctxlen,) = ctxlens
+        self.requests.append((tokens, ctxlen))
+        # lm-eval scores token_logprobs[ctxlen:-1] of the echoed prompt plus one generated token.
+        return [(-1.0 * (len(tokens) - ctxlen), False)]
+
+
+@pytest.fixture
+def scorer(monkeypatch: pytest.MonkeyPatch) -> FakeScorer:
+    fake = FakeScorer()
+    monkeypatch.setattr(lmeval._model_class(), "amodel_call", fake)
+    return fake
+
+
+def _target(max_length: int, **kw: Any) -> lmeval.Target:
+    return lmeval.Target(name="t", url="http://127.0.0.1:9", model="needle-llama", max_length=max_length,
+                         tokenizer=TOKENIZER, num_concurrent=3, **kw)
+
+
+def _requests(texts: list[str]) -> list[Any]:
+    from lm_eval.api.instance import Instance
+
+    return [Instance("loglikelihood_rolling", {}, (t,), i) for i, t in enumerate(texts)]
+
+
+def test_long_passage_is_scored_in_windows_every_token_once(scorer: FakeScorer):
+    passages = lmeval.task_passages("kvprobe_ppl", limit=3)
+    lm = lmeval.make_model(_target(1024))
+    n_tokens = [len(lm.tok_encode(p.text)) for p in passages]
+    totals = lm.loglikelihood_rolling(_requests([p.text for p in passages]))
+    # Every token of every passage scored exactly once, even though each is longer than a request.
+    assert totals == [-float(n) for n in n_tokens]
+    expected_windows = sum(len(rolling_windows(n, 1024)) for n in n_tokens)
+    assert len(scorer.requests) == lm.windows_sent == expected_windows > len(passages)
+    assert all(len(tokens) <= 1024 - 1 for tokens, _ in scorer.requests)  # + 1 generated token fits
+    # Windows of different passages were in flight together, never more than num_concurrent.
+    assert 1 < scorer.max_in_flight <= 3
+
+
+def test_prefix_token_is_the_one_we_set(scorer: FakeScorer):
+    lm = lmeval.make_model(_target(8192, prefix_token_id=2))
+    assert lm.prefix_token_id == 2
+    lm.loglikelihood_rolling(_requests(["hello world, hello kvprobe"]))
+    (tokens, ctxlen), = scorer.requests
+    assert tokens[0] == 2 and ctxlen == 1
+
+
+def test_evaluate_returns_per_document_rows_and_lm_eval_aggregates(scorer: FakeScorer):
+    """The whole lm-eval path (task YAML, local dataset, simple_evaluate, logged samples), offline."""
+    calls: list[tuple[int, int]] = []
+    with lmeval.quiet():
+        result = lmeval.evaluate(_target(8192), "kvprobe_ppl", 2, on_window=lambda d, t: calls.append((d, t)))
+    passages = lmeval.task_passages("kvprobe_ppl", limit=2)
+    lm = lmeval.make_model(_target(8192))
+    n_tokens = [len(lm.tok_encode(p.text)) for p in passages]
+    assert [d.index for d in result.docs] == [0, 1]
+    assert [d.loglikelihood for d in result.docs] == [-float(n) for n in n_tokens]
+    assert [d.bytes for d in result.docs] == [len(p.text.encode()) for p in passages]
+    assert [d.words for d in result.docs] == [len(re.split(r"\s+", p.text)) for p in passages]  # lm-eval's count
+    nbytes = sum(d.bytes for d in result.docs)
+    assert result.aggregate["bits_per_byte"] == pytest.approx(sum(n_tokens) / nbytes / math.log(2))
+    assert result.windows == 2 and calls[-1] == (2, 2)
+
+
+def test_passages_digest_changes_with_the_text():
+    a = lmeval.task_passages("kvprobe_ppl", limit=2)
+    b = [lmeval.Passage(p.index, p.id, p.text + " ") for p in a]
+    assert lmeval.passages_digest(a) != lmeval.passages_digest(b)
+
+
+def test_unknown_task_is_one_clear_line():
+    with pytest.raises(ConfigError, match=r"perplexity\.task: no lm-eval task 'nope'"):
+        lmeval.task_passages("nope")
+
+
+def test_tokenizer_choice():
+    assert lmeval.choose_tokenizer("a", True, None) == lmeval.Tokenizer("remote")
+    assert lmeval.choose_tokenizer("a", False, str(NEEDLE_LLAMA)) == TOKENIZER
+    with pytest.raises(ConfigError) as err:
+        lmeval.choose_tokenizer("fp8", False, None)
+    (line,) = err.value.problems
+    assert "--enable-tokenizer-info-endpoint" in line and "tokenizer = " in line and "'fp8'" in line
+    with pytest.raises(ConfigError, match="does not exist"):
+        lmeval.choose_tokenizer("fp8", False, "/no/such/tokenizer")
+
+
+async def test_tokenizer_info_absent_is_none_present_is_a_dict():
+    replay = Replay()  # the captures were taken without --enable-tokenizer-info-endpoint: 404
+    async with Client("auto", "http://127.0.0.1:8101", transport=replay.transport()) as client:
+        assert await client.tokenizer_info() is None
+    replay.routes[("GET", "/tokenizer_info")] = lambda r: httpx.Response(
+        200, json={"bos_token": "<|endoftext|>", "eos_token": "<|im_end|>"})
+    async with Client("auto", "http://127.0.0.1:8101", transport=replay.transport()) as client:
+        assert (await client.tokenizer_info())["eos_token"] == "<|im_end|>"
+
+
+def test_secrets_stay_out_of_the_target_repr():
+    target = _target(8192, api_key="sk-very-secret", headers={"X-Team": "a"})
+    assert "sk-very-secret" not in repr(target)
