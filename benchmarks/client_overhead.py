@@ -90,10 +90,13 @@ async def _steady_streams(port: int, streams: int, per_stream: int, tokens: int,
 
 
 def worker_throughput(port: int, streams: int, requests: int, tokens: int) -> dict[str, Any]:
+    from kvprobe.loadgen import quiet_gc  # as the load probe runs each case
+
     def keep(g: Any) -> tuple[bool, int, int]:
         return g.ok, (g.usage or {}).get("completion_tokens", 0), len(g.chunks)
 
-    done, wall = asyncio.run(_run_streams(port, streams, requests, tokens, keep))
+    with quiet_gc():
+        done, wall = asyncio.run(_run_streams(port, streams, requests, tokens, keep))
     ok = [d for d in done if d[0]]
     return {"tokens_per_s": sum(d[1] for d in ok) / wall, "wall_s": wall, "errors": len(done) - len(ok),
             "chunks_seen": sum(d[2] for d in ok)}
@@ -102,7 +105,10 @@ def worker_throughput(port: int, streams: int, requests: int, tokens: int) -> di
 def worker_timing(port: int, streams: int, per_stream: int, tokens: int, ttft: float, itl: float) -> dict[str, Any]:
     """Errors against the injected delays, and against what the server really did: each token's text
     is its send time (the first also the request's arrival), on the same monotonic clock."""
-    gens = asyncio.run(_steady_streams(port, streams, per_stream, tokens, ttft + (tokens - 1) * itl))
+    from kvprobe.loadgen import quiet_gc  # as the load probe runs each case
+
+    with quiet_gc():
+        gens = asyncio.run(_steady_streams(port, streams, per_stream, tokens, ttft + (tokens - 1) * itl))
     ok = [g for g in gens if g.ok]
     ttft_err, itl_err, ttft_client, itl_client = [], [], [], []
     for g in ok:
@@ -121,7 +127,10 @@ def worker_timing(port: int, streams: int, per_stream: int, tokens: int, ttft: f
 
 
 def worker_rss(port: int, streams: int, tokens: int) -> dict[str, Any]:
-    gens, wall = asyncio.run(_run_streams(port, streams, streams, tokens))
+    from kvprobe.loadgen import quiet_gc  # as the load probe runs each case
+
+    with quiet_gc():
+        gens, wall = asyncio.run(_run_streams(port, streams, streams, tokens))
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     return {"peak_rss_mb": peak_kb / 1024, "errors": sum(1 for g in gens if not g.ok), "wall_s": wall,
             "streams": streams}

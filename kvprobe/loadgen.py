@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -22,6 +23,22 @@ from kvprobe.config import LoadSettings
 from kvprobe.errors import KvprobeError
 from kvprobe.loadstats import request_row
 from kvprobe.workload import Conversation, Shape, TextSource, conversation, request_body
+
+
+@contextlib.contextmanager
+def quiet_gc(young_threshold: int = 10_000) -> Iterator[None]:
+    """While a case is measured: collect once, freeze what exists so no collection rescans it, and
+    make young collections rarer. A full collection over a large heap is a pause of milliseconds that
+    lands in some stream's TTFT or ITL (measured: it doubled the client's p99 timing error)."""
+    gc.collect()
+    gc.freeze()
+    old = gc.get_threshold()
+    gc.set_threshold(max(old[0], young_threshold), *old[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+        gc.unfreeze()
 
 
 @dataclass
@@ -151,6 +168,10 @@ class CaseRunner:
                 task.cancel()
 
     async def run(self) -> CaseOutcome:
+        with quiet_gc():
+            return await self._run()
+
+    async def _run(self) -> CaseOutcome:
         self.out.t_start = time.perf_counter()
         if self.settings.duration_s is not None:
             self._deadline = self.out.t_start + self.settings.duration_s
