@@ -159,10 +159,10 @@ def _get(url: str) -> bytes:
 
 
 @contextmanager
-def mock_server(ttft: float = 0.0, itl: float = 0.0):
+def mock_server(ttft: float = 0.0, itl: float = 0.0, precise: bool = False):
     port = _free_port()
     proc = subprocess.Popen([sys.executable, str(HERE / "mock_server.py"), "--port", str(port),
-                             "--ttft", str(ttft), "--itl", str(itl)])
+                             "--ttft", str(ttft), "--itl", str(itl), *(["--precise"] if precise else [])])
     try:
         deadline = time.monotonic() + 20
         while True:
@@ -217,6 +217,9 @@ def main() -> None:
     ap.add_argument("--timing-tokens", type=int, default=64)
     ap.add_argument("--rss-streams", type=int, default=1000)
     ap.add_argument("--skip-vllm", action="store_true", help="no vllm bench serve comparison")
+    ap.add_argument("--precise-server", action="store_true",
+                    help="timing phase: mock server on a select() loop (microsecond timers, less late at the "
+                         "median, but more CPU: on 2 cores its p99 was worse)")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = ap.parse_args()
 
@@ -238,7 +241,7 @@ def main() -> None:
                 console.print(f"  round {k + 1}: vllm bench serve {theirs[-1]['tokens_per_s']:,.0f} tok/s "
                               f"({theirs[-1]['failed']} failed)")
         figures["kvprobe_runs"], figures["vllm_runs"] = ours, theirs
-    with mock_server(args.ttft, args.itl) as port:
+    with mock_server(args.ttft, args.itl, precise=args.precise_server) as port:
         console.print(f"[bold]2/3 timing[/bold]: {args.streams} streams x 3 requests each (warm connections, "
                       f"staggered starts), first token after {args.ttft * 1000:.0f} ms then one every "
                       f"{args.itl * 1000:.0f} ms, {args.timing_tokens} tokens")
