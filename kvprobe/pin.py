@@ -73,8 +73,22 @@ _ENGINE_VOLATILE = frozenset({
 })
 
 
+# /server_info keys that repeat a fact compared anyway (one difference, named once).
+_ENGINE_COVERED = frozenset({
+    "vllm_config.model_config.max_model_len",
+    "system.vllm_version",
+})
+
+
+# Environment variables that name where a server keeps files or how it is reached: they differ between
+# hosts and users without changing a number the server computes.
+_LOCAL_ENV_SUFFIXES = ("_ROOT", "_CACHE", "_CACHE_PATH", "_DIR", "_PATH", "_IP", "_HOST", "_PORT", "_BUFFER_NAME")
+
+
 def _engine_key_allowed(key: str) -> bool:
-    if key in _ENGINE_VOLATILE:
+    if key in _ENGINE_VOLATILE or key in _ENGINE_COVERED:
+        return True
+    if key.startswith("vllm_env.") and key.endswith(_LOCAL_ENV_SUFFIXES):
         return True
     prefix = "vllm_config.cache_config."
     return key.startswith(prefix) and key[len(prefix):] in DERIVED_LABELS

@@ -86,6 +86,8 @@ def test_max_model_len_mismatch_is_invalid(vllm_servers: dict[str, LocalServer],
     assert pin["valid"] is False
     assert pin["by_candidate"]["fp8"] == []
     assert [d["field"] for d in pin["by_candidate"]["short"]] == ["max_model_len"]
+    # The launcher's servers run in dev mode: the whole engine config was compared, not just /metrics.
+    assert not any("server_info" in note for note in pin["unchecked"])
 
 
 def test_unreachable_server_exits_2_naming_it(vllm_servers: dict[str, LocalServer], tmp_path: Path) -> None:

@@ -116,3 +116,16 @@ def test_engine_facts_keep_no_environment_dump() -> None:
     assert not any(k.startswith("system.env") for k in facts)
     assert facts["system.vllm_version"] == "0.32.0"
     assert "VLLM_CACHE_ROOT" not in str({k: v for k, v in facts.items() if k.startswith("system.")})
+
+
+def test_local_paths_and_addresses_in_the_engine_env_do_not_count() -> None:
+    from kvprobe.inventory import engine_facts
+
+    fp8 = server_info("fp8")
+    fp8["vllm_env"]["VLLM_CONFIG_ROOT"] = "/home/other/.config/vllm"
+    fp8["vllm_env"]["VLLM_HOST_IP"] = "10.0.0.7"
+    fp8["vllm_env"]["VLLM_CPU_KVCACHE_SPACE"] = 2  # a real setting: still counts
+    a = inv("auto", "auto-8101", "metrics_fresh", server_info=engine_facts(server_info("auto")))
+    b = inv("fp8", "fp8-8102", "metrics_fresh", server_info=engine_facts(fp8))
+    assert [d.text for d in check_pin(a, [b]).all_differences()] == [
+        "server_info.vllm_env.VLLM_CPU_KVCACHE_SPACE: auto=1 fp8=2"]

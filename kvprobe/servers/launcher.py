@@ -228,6 +228,9 @@ def _healthy(url: str, timeout: float = 2.0) -> bool:
 
 def port_free(port: int) -> bool:
     with socket.socket() as s:
+        # As uvicorn binds: connections of a just-stopped server linger in TIME_WAIT and must not
+        # make the port look taken.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
@@ -272,6 +275,7 @@ def start(spec: ServerSpec, timeout_s: float = 600.0, reuse: bool = True) -> Loc
             VLLM_CPU_KVCACHE_SPACE=str(spec.kv_space_gib),
             VLLM_HOST_IP="127.0.0.1",
             VLLM_CACHE_ROOT=str(home() / "vllm-cache"),
+            VLLM_CONFIG_ROOT=str(home() / "vllm-config"),  # not the caller's XDG_CONFIG_HOME (tests change it)
             HF_HUB_OFFLINE="1",
             TRANSFORMERS_OFFLINE="1",
             VLLM_NO_USAGE_STATS="1",
