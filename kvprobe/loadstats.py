@@ -15,7 +15,7 @@ import numpy as np
 
 from kvprobe.client import Generation
 from kvprobe.config import Bars, Slo
-from kvprobe.stats import Interval, Outcome, bar_outcome, bootstrap_ratio, percentiles
+from kvprobe.stats import Interval, Outcome, bar_outcome, percentiles, ratio_interval
 
 Status = Literal["ok", "incomplete", "error"]
 
@@ -150,15 +150,12 @@ def combine_repeats(runs: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any
     }
 
 
-def _ratio(ref: list[float], cand: list[float], resamples: int, seed: int) -> Interval | None:
+def _ratio(ref: list[float], cand: list[float]) -> Interval | None:
     ref = [x for x in ref if x is not None]
     cand = [x for x in cand if x is not None]
-    if not ref or not cand or np.mean(ref) <= 0:
+    if not ref or not cand or min(ref + cand) <= 0:
         return None
-    if min(len(ref), len(cand)) < 2:  # one run each: no noise estimate, so no interval
-        point = float(np.mean(cand) / np.mean(ref))
-        return Interval(point, float("-inf"), float("inf"))
-    return bootstrap_ratio(ref, cand, resamples=resamples, seed=seed)
+    return ratio_interval(ref, cand)  # infinite for one run each: no noise estimate
 
 
 def _check(iv: Interval | None, loss_of: Any, bar: float) -> dict[str, Any]:
@@ -176,21 +173,20 @@ def _check(iv: Interval | None, loss_of: Any, bar: float) -> dict[str, Any]:
     return out
 
 
-def compare_case(ref: dict[str, Any], cand: dict[str, Any], bars: Bars, *, resamples: int = 2000,
-                 seed: int = 0) -> dict[str, Any]:
+def compare_case(ref: dict[str, Any], cand: dict[str, Any], bars: Bars) -> dict[str, Any]:
     """Candidate vs reference on one case: throughput drop and p99 rises, each an interval over the
-    runs (resampled independently: runs of two servers are not paired) against its bar; `fail` only
+    runs (stats.ratio_interval: runs of two servers are independent, and few) against its bar; `fail` only
     when the whole interval is past the bar, `inconclusive` when it straddles."""
     def samples(case: dict[str, Any], key: str) -> list[float]:
         return [r[key] for r in case.get("repeats") or [] if r.get(key) is not None]
 
     out: dict[str, Any] = {
-        "throughput": _check(_ratio(samples(ref, "output_tokens_per_s"), samples(cand, "output_tokens_per_s"),
-                                    resamples, seed), lambda r: 1 - r, bars.throughput_drop_max)
+        "throughput": _check(_ratio(samples(ref, "output_tokens_per_s"), samples(cand, "output_tokens_per_s")),
+                             lambda r: 1 - r, bars.throughput_drop_max)
         | {"bar": "throughput_drop_max", "limit": bars.throughput_drop_max},
     }
     for key, _label in P99_KEYS:
-        out[key] = _check(_ratio(samples(ref, key), samples(cand, key), resamples, seed),
+        out[key] = _check(_ratio(samples(ref, key), samples(cand, key)),
                           lambda r: r - 1, bars.p99_latency_rise_max) \
             | {"bar": "p99_latency_rise_max", "limit": bars.p99_latency_rise_max}
     return out

@@ -29,7 +29,7 @@ from kvprobe import __version__
 from kvprobe.config import Bars
 from kvprobe.errors import EXIT_BAR_FAILED, EXIT_BROKEN, EXIT_INVALID, EXIT_OK
 from kvprobe.evidence import gather
-from kvprobe.stats import Interval, bar_outcome, bootstrap_ratio, paired_bootstrap
+from kvprobe.stats import Interval, bar_outcome, paired_bootstrap, ratio_interval
 from kvprobe.store import RunDir, dumps
 
 SCHEMA = "kvprobe.verdict/1"
@@ -203,7 +203,7 @@ def _samples(cases: list[dict[str, Any]], key: str) -> list[float]:
 
 def _ratio_check(bar: str, metric: str, case: str, ref: list[float], cand: list[float], limit: float,
                  *, loss_from_ratio: Any, describe: str) -> dict[str, Any]:
-    if not ref or not cand or sum(ref) <= 0:
+    if not ref or not cand or min(ref + cand) <= 0:
         return _not_measured(bar, metric, "load", f"no {metric} samples at {case}", limit) | {"case": case}
     if min(len(ref), len(cand)) < 2:
         point = (sum(cand) / len(cand)) / (sum(ref) / len(ref))
@@ -212,7 +212,7 @@ def _ratio_check(bar: str, metric: str, case: str, ref: list[float], cand: list[
                       f"{metric} at {case}: {describe} {_pct(loss)} from one run each, no interval "
                       f"(set load.repeats >= 2) vs bar {_pct(limit, False)}: inconclusive",
                       value=loss, limit=limit, case=case, ratio=point)
-    iv = bootstrap_ratio(ref, cand, **_bootstrap_kw())
+    iv = ratio_interval(ref, cand)
     a, b = loss_from_ratio(iv.lo), loss_from_ratio(iv.hi)
     loss = Interval(loss_from_ratio(iv.estimate), min(a, b), max(a, b))
     outcome = bar_outcome(loss, limit)
@@ -227,7 +227,7 @@ def _ratio_check(bar: str, metric: str, case: str, ref: list[float], cand: list[
 
 def load_checks(inputs: dict[str, Any], cand: str, bars: Bars) -> list[dict[str, Any]]:
     """Per load case: output-token throughput drop and p99 latency rises (TTFT, ITL, E2E) vs the
-    reference, each with a bootstrap interval over the case's repeated runs."""
+    reference, each with a Welch t interval over the case's repeated runs (stats.ratio_interval)."""
     probe = inputs["probes"].get("load")
     if probe is None:
         return [_not_measured("throughput_drop_max", "throughput drop", "load", "load probe not run",
@@ -417,8 +417,9 @@ def build_verdict(run: RunDir) -> dict[str, Any]:
     verdict: dict[str, Any] = {
         "schema": SCHEMA,
         "rules": RULES,
-        "method": {"bootstrap": BOOTSTRAP, "interval_rule": "pass: whole interval within the bar; fail: whole "
-                   "interval beyond it; else inconclusive"},
+        "method": {"bootstrap": BOOTSTRAP, "speed_interval": "Welch t on log values over repeated runs, 95%",
+                   "interval_rule": "pass: whole interval within the bar; fail: whole interval beyond it; "
+                   "else inconclusive"},
         "kvprobe_version": __version__,
         "run": {"id": run.path.name, "started": meta.get("started"), "measured_by": meta.get("kvprobe_version"),
                 "probes_requested": meta.get("probes"), "resumed": meta.get("resumed") or [], **_times(run)},
