@@ -176,6 +176,9 @@ class LoadSettings(_Strict):
     rate: float | None = Field(None, gt=0, description="open loop: requests per second (Poisson)")
     seed: int = Field(0, description="workload text and open-loop arrival times (not a sampling seed)")
     metrics_interval_s: float = Field(0.5, gt=0, description="/metrics sampling period during a case")
+    settle_s: float = Field(2.0, ge=0, description="idle pause before each case: servers that share cores (a "
+                            "test box) are slowed for up to ~1 s after another server's case while its threads "
+                            "wind down; measured as a 0.5-1 s TTFT stall on the next server")
     request_overrides: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
         description="server name -> JSON fields merged into that server's load requests. For fault "

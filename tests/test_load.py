@@ -250,7 +250,7 @@ def test_open_loop_needs_a_rate() -> None:
 
 def _config(extra: dict | None = None):
     load = {"agents": [1, 2], "turns": 2, "repeats": 2, "system_tokens": 64, "tokens_per_turn": 32,
-            "metrics_interval_s": 0.05, "warmup": False} | (extra or {})
+            "metrics_interval_s": 0.05, "warmup": False, "settle_s": 0} | (extra or {})
     return parse_config({"server": [{"name": "auto", "url": "http://127.0.0.1:8101", "role": "reference"},
                                     {"name": "fp8", "url": "http://127.0.0.1:8102"}], "load": load})
 

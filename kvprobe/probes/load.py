@@ -38,7 +38,7 @@ RESET_REFUSED = ("not offered: vLLM serves /reset_prefix_cache only with VLLM_SE
 def settings_digest(ctx: EvalContext) -> str:
     """What decides a unit's measurement; units recorded under another digest are not reused."""
     data = ctx.config.load.model_dump(mode="json")
-    for key in ("metrics_interval_s", "warmup"):  # how we look, not what a unit measures
+    for key in ("metrics_interval_s", "warmup", "settle_s"):  # how we look, not what a unit measures
         data.pop(key, None)
     return hashlib.sha256(orjson.dumps(data, option=orjson.OPT_SORT_KEYS)).hexdigest()[:12]
 
@@ -150,6 +150,7 @@ async def _run_unit(ctx: EvalContext, name: str, shape: Shape, agents: int, repe
     settings = ctx.config.load
     if not await _reset_prefix_cache(ctx, name, notes):
         return
+    await asyncio.sleep(settings.settle_s)
     nonce = case_nonce(_run_nonce(ctx, digest), shape.name, agents, repeat)
     unit = secrets.token_hex(6)
     ids = {"server": name, "shape": shape.name, "agents": agents, "repeat": repeat, "unit": unit, "digest": digest}
