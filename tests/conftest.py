@@ -1,5 +1,5 @@
 """Shared fixtures. Integration tests run against real vLLM CPU servers serving needle-llama,
-started once per session by kvprobe's own launcher (and reused when already running)."""
+started by kvprobe's own launcher and reused across modules and sessions while they are fit."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from kvprobe.servers import DEMO_PORTS, LocalServer, ServerSpec, start_many
+from kvprobe.servers import DEMO_PORTS, LocalServer, ServerSpec, start_many, stop
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -24,19 +24,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
-def vllm_servers() -> Iterator[dict[str, LocalServer]]:
+def _started_ports() -> Iterator[set[int]]:
+    """Ports of the servers this session started: stopped at the end unless KVPROBE_KEEP_SERVERS=1
+    (servers that were already running, like the demo's, are left alone)."""
+    ports: set[int] = set()
+    yield ports
+    if os.environ.get("KVPROBE_KEEP_SERVERS") != "1":
+        for port in sorted(ports):
+            stop(port)
+
+
+@pytest.fixture(scope="module")
+def vllm_servers(_started_ports: set[int]) -> dict[str, LocalServer]:
     """The demo trio: kv-cache-dtype auto (:8101), fp8 (:8102), int8_per_token_head (:8103).
 
-    Same model, same flags; only the KV dtype differs. Servers that were already running (the demo,
-    another test session) are reused and left alone; servers this session started are stopped at
-    the end unless KVPROBE_KEEP_SERVERS=1."""
+    Same model, same flags; only the KV dtype differs. Checked per module, not once per session: the
+    launcher recycles an int8_per_token_head server that has served too many tokens (that CPU kernel
+    writes past its buffer once its block ids pass half the claimed pool; see launcher.OVERRUN_DTYPES),
+    so each module starts from a server that is fit for it."""
     specs = [ServerSpec(port=port, kv_cache_dtype=dtype) for dtype, port in DEMO_PORTS.items()]
     servers = start_many(specs)
-    yield {s.spec.kv_cache_dtype: s for s in servers}
-    if os.environ.get("KVPROBE_KEEP_SERVERS") != "1":
-        for server in servers:
-            if not server.reused:
-                server.stop()
+    _started_ports.update(s.spec.port for s in servers if not s.reused)
+    return {s.spec.kv_cache_dtype: s for s in servers}
 
 
 @pytest.fixture(autouse=True, scope="session")

