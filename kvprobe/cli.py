@@ -95,7 +95,8 @@ def audit(urls: tuple[str, ...], as_json: bool, api_key_env: str | None, no_smok
         sys.exit(EXIT_CANNOT_RUN if any(i.status != "broken" for i in failed) else 4)
 
 
-PROBES_HELP = "comma-separated probes: capacity,perplexity,agreement,needle,load (default: all installed)"
+PROBES_HELP = ("comma-separated probes: capacity,perplexity,agreement,needle,load (the default) "
+               "and the opt-in fill (serves each server's whole claimed KV pool)")
 
 
 def _signing_key(key: Path | None):  # -> SigningKey

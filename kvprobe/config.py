@@ -198,6 +198,13 @@ class LoadSettings(_Strict):
         return self
 
 
+class FillSettings(_Strict):
+    fraction: float = Field(1.05, gt=0, description="serve this many new tokens, as a share of the claimed "
+                            "capacity (> 1 walks every block id)")
+    prompt_tokens: int | None = Field(None, ge=64, description="tokens per request (default: max_model_len)")
+    concurrency: int = Field(2, ge=1, description="requests in flight per server")
+
+
 class Config(_Strict):
     bars: Bars = Field(default_factory=Bars)
     server: list[Server] = Field(min_length=1)
@@ -207,6 +214,7 @@ class Config(_Strict):
     agreement: AgreementSettings = Field(default_factory=AgreementSettings)
     needle: NeedleSettings = Field(default_factory=NeedleSettings)
     load: LoadSettings = Field(default_factory=LoadSettings)
+    fill: FillSettings = Field(default_factory=FillSettings)
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 

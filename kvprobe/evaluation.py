@@ -27,7 +27,10 @@ from kvprobe.sign import SigningKey, sign_file
 from kvprobe.store import RunDir, utc_now
 from kvprobe.verdict import write_verdict
 
-PROBE_ORDER = ("capacity", "perplexity", "agreement", "needle", "load")
+PROBE_ORDER = ("capacity", "perplexity", "agreement", "needle", "load", "fill")
+# Run unless --probes says otherwise; `fill` is opt-in (it serves the whole claimed pool) and runs last,
+# after every other measurement, because it may kill a server.
+DEFAULT_PROBES = ("capacity", "perplexity", "agreement", "needle", "load")
 
 
 @dataclass
@@ -80,8 +83,9 @@ def _probe_table() -> dict[str, ProbeFn]:
 
 
 def available_probes() -> list[str]:
+    """The default probe list: every installed probe except the opt-in ones."""
     table = _probe_table()
-    return [p for p in PROBE_ORDER if p in table]
+    return [p for p in DEFAULT_PROBES if p in table]
 
 
 async def _capacity_probe(ctx: EvalContext) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from kvprobe.store import RunDir
 
-PROBES = ("capacity", "perplexity", "agreement", "needle", "load")
+PROBES = ("capacity", "perplexity", "agreement", "needle", "load", "fill")
 
 _INVENTORY_KEYS = ("role", "status", "error", "version", "model", "model_root", "max_model_len", "cache_dtype",
                    "has_tokenize")
@@ -85,12 +85,18 @@ def read_load(data: dict[str, Any]) -> dict[str, Any]:
     return {"servers": servers}
 
 
+def read_fill(data: dict[str, Any]) -> dict[str, Any]:
+    # A server that died filling its pool is `broken` through the run's broken events; these are its numbers.
+    return {"servers": {name: _scalars(row) for name, row in _servers_of(data).items()}}
+
+
 READERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "capacity": read_capacity,
     "perplexity": read_perplexity,
     "agreement": read_agreement,
     "needle": read_needle,
     "load": read_load,
+    "fill": read_fill,
 }
 
 

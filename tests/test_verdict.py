@@ -174,7 +174,7 @@ def test_probes_not_asked_for_hold_back_adopt_but_do_not_fail_the_run(tmp_path):
     m.probes_requested = ["capacity"]
     v = verdict_of(m, tmp_path)
     assert v["probes_status"] == {"capacity": "ran", "perplexity": "not run", "agreement": "not run",
-                                  "needle": "not run", "load": "not run"}
+                                  "needle": "not run", "load": "not run", "fill": "not run"}
     assert decision(v) == "inconclusive"
     assert set(outcomes(v, "perplexity_delta_max")) == {"not_measured"}
     assert v["exit_code"] == 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-OPTIONAL_PROBES = ("perplexity", "agreement", "needle", "load")
+OPTIONAL_PROBES = ("perplexity", "agreement", "needle", "load", "fill")
 
 
 def registry() -> dict[str, Any]:

