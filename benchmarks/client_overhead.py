@@ -90,7 +90,7 @@ async def _steady_streams(port: int, streams: int, per_stream: int, tokens: int,
 
 
 def worker_throughput(port: int, streams: int, requests: int, tokens: int) -> dict[str, Any]:
-    from kvprobe.loadgen import quiet_gc  # as the load probe runs each case
+    from kvprobe.load.generator import quiet_gc  # as the load probe runs each case
 
     def keep(g: Any) -> tuple[bool, int, int]:
         return g.ok, (g.usage or {}).get("completion_tokens", 0), len(g.chunks)
@@ -105,7 +105,7 @@ def worker_throughput(port: int, streams: int, requests: int, tokens: int) -> di
 def worker_timing(port: int, streams: int, per_stream: int, tokens: int, ttft: float, itl: float) -> dict[str, Any]:
     """Errors against the injected delays, and against what the server really did: each token's text
     is its send time (the first also the request's arrival), on the same monotonic clock."""
-    from kvprobe.loadgen import quiet_gc  # as the load probe runs each case
+    from kvprobe.load.generator import quiet_gc  # as the load probe runs each case
 
     with quiet_gc():
         gens = asyncio.run(_steady_streams(port, streams, per_stream, tokens, ttft + (tokens - 1) * itl))
@@ -127,7 +127,7 @@ def worker_timing(port: int, streams: int, per_stream: int, tokens: int, ttft: f
 
 
 def worker_rss(port: int, streams: int, tokens: int) -> dict[str, Any]:
-    from kvprobe.loadgen import quiet_gc  # as the load probe runs each case
+    from kvprobe.load.generator import quiet_gc  # as the load probe runs each case
 
     with quiet_gc():
         gens, wall = asyncio.run(_run_streams(port, streams, streams, tokens))

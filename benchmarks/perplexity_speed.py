@@ -4,7 +4,7 @@ Both sides are fresh processes timed from start to exit, scoring the kvprobe_ppl
 The lm-eval side uses its command-line defaults (one request at a time, batch size 1) plus the two
 settings a correct run needs: max_length = the server's max_model_len (its default 2048 would cut
 every passage into windows that lose their context) and the server's own tokenizer.
-kvprobe's side is kvprobe.lmeval.evaluate, what the perplexity probe runs per server.
+kvprobe's side is kvprobe.quality.lmeval.evaluate, what the perplexity probe runs per server.
 
 Prints both wall times, their ratio and both bits-per-byte values. Target: >= 3x faster, same numbers.
 Concurrent requests are cut into prefill chunks differently from lone ones, which can move the last
@@ -34,7 +34,7 @@ TASK = "kvprobe_ppl"
 
 CHILD = """
 import json, sys
-from kvprobe import lmeval
+from kvprobe.quality import lmeval
 url, model, max_length, concurrent, limit = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 target = lmeval.Target(name="bench", url=url, model=model, max_length=max_length,
                        tokenizer=lmeval.Tokenizer("remote"), num_concurrent=concurrent)

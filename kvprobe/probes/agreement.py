@@ -21,10 +21,10 @@ import numpy as np
 import orjson
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kvprobe.divergence import Comparison, TopK, compare, parse_prompt_logprobs
 from kvprobe.errors import ConfigError, ServerError
-from kvprobe.passages import split_ids
 from kvprobe.probes.perplexity import is_server_failure, one_line, ordered_active, targets_for
+from kvprobe.quality.divergence import Comparison, TopK, compare, parse_prompt_logprobs
+from kvprobe.quality.passages import split_ids
 from kvprobe.stats import Interval, bar_outcome, paired_bootstrap
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ def _recorded(ctx: EvalContext, key: str) -> dict[tuple[str, int], Comparison]:
 
 
 async def run(ctx: EvalContext) -> dict[str, Any]:
-    from kvprobe import lmeval
+    from kvprobe.quality import lmeval
 
     settings = ctx.config.agreement
     ref = ctx.reference

@@ -23,11 +23,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 from kvprobe.errors import ConfigError, KvprobeError, Unreachable
 from kvprobe.evaluation import EvalContext
-from kvprobe.loadgen import CaseRunner
-from kvprobe.loadstats import combine_repeats, compare_case, summarize_run, worst
+from kvprobe.load.generator import CaseRunner
+from kvprobe.load.sampler import MetricsSampler
+from kvprobe.load.stats import combine_repeats, compare_case, summarize_run, worst
+from kvprobe.load.workload import Shape, TextSource, case_nonce, measure_chars_per_token, shapes_of
 from kvprobe.report.terminal import load_table, print_wide
-from kvprobe.sampler import MetricsSampler
-from kvprobe.workload import Shape, TextSource, case_nonce, measure_chars_per_token, shapes_of
 
 # Headroom for the chat template around the messages, in tokens.
 TEMPLATE_TOKENS = 64

@@ -1,6 +1,6 @@
 """Perplexity: is a candidate's quality loss on the same passages under the bar fixed before the run?
 
-Every active server scores the task's passages through lm-eval (kvprobe.lmeval), side by side, one
+Every active server scores the task's passages through lm-eval (kvprobe.quality.lmeval), side by side, one
 thread per server, with identical settings. The reference runs `reference_repeats` times: its
 run-to-run delta is the noise floor printed next to each candidate's delta. The delta is the
 relative perplexity rise (unit: bytes by default) with a paired bootstrap 95% interval over
@@ -22,13 +22,13 @@ import orjson
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvprobe.errors import ServerError
-from kvprobe.passages import PassagePlan, plan_passage
-from kvprobe.perplexity_stats import DocRow, perplexities, relative_delta
+from kvprobe.quality.passages import PassagePlan, plan_passage
+from kvprobe.quality.perplexity_stats import DocRow, perplexities, relative_delta
 from kvprobe.stats import Interval, bar_outcome
 
 if TYPE_CHECKING:
     from kvprobe.evaluation import EvalContext
-    from kvprobe.lmeval import Target
+    from kvprobe.quality.lmeval import Target
 
 
 def ordered_active(ctx: EvalContext) -> list[str]:
@@ -54,7 +54,7 @@ def one_line(exc: BaseException) -> str:
 
 async def targets_for(ctx: EvalContext, names: list[str], max_length: int, num_concurrent: int) -> dict[str, Target]:
     """lm-eval settings per server; a server without a usable tokenizer is a config error."""
-    from kvprobe import lmeval
+    from kvprobe.quality import lmeval
 
     servers = {s.name: s for s in ctx.config.servers}
     infos = await asyncio.gather(*(ctx.clients[n].tokenizer_info() for n in names), return_exceptions=True)
@@ -95,7 +95,7 @@ def recorded_aggregate(ctx: EvalContext, name: str, repeat: int, key: str) -> di
 
 
 async def run(ctx: EvalContext) -> dict[str, Any]:
-    from kvprobe import lmeval
+    from kvprobe.quality import lmeval
 
     settings = ctx.config.perplexity
     bar = ctx.config.bars.perplexity_delta_max

@@ -14,10 +14,10 @@ import httpx
 import pytest
 from replay import Replay
 
-from kvprobe import lmeval
 from kvprobe.client import Client
 from kvprobe.errors import ConfigError
-from kvprobe.passages import rolling_windows
+from kvprobe.quality import lmeval
+from kvprobe.quality.passages import rolling_windows
 from kvprobe.servers import NEEDLE_LLAMA
 
 TOKENIZER = lmeval.Tokenizer("huggingface", str(NEEDLE_LLAMA))

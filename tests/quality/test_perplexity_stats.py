@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvprobe.passages import plan_passage
-from kvprobe.perplexity_stats import DocRow, perplexities, relative_delta
 from kvprobe.probes.perplexity import summarise
+from kvprobe.quality.passages import plan_passage
+from kvprobe.quality.perplexity_stats import DocRow, perplexities, relative_delta
 from kvprobe.stats import Interval, bar_outcome
 
 

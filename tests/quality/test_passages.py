@@ -7,7 +7,7 @@ import json
 import pytest
 
 from kvprobe.corpus import TASKS_DIR
-from kvprobe.passages import plan_passage, rolling_windows, split_ids
+from kvprobe.quality.passages import plan_passage, rolling_windows, split_ids
 
 
 def test_a_passage_that_fits_is_one_window():

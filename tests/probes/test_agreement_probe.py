@@ -9,9 +9,9 @@ import pytest
 from replay import Replay, capture
 
 from kvprobe.client import Client
-from kvprobe.divergence import Comparison
 from kvprobe.errors import ConfigError
 from kvprobe.probes.agreement import fetch_positions, outcomes, summarise_server
+from kvprobe.quality.divergence import Comparison
 
 
 def _echo_prompt_logprobs(requests: list[list[int]]):

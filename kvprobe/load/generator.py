@@ -21,8 +21,8 @@ import numpy as np
 from kvprobe.client import Client, Generation
 from kvprobe.config import LoadSettings
 from kvprobe.errors import KvprobeError
-from kvprobe.loadstats import request_row
-from kvprobe.workload import Conversation, Shape, TextSource, conversation, request_body
+from kvprobe.load.stats import request_row
+from kvprobe.load.workload import Conversation, Shape, TextSource, conversation, request_body
 
 
 @contextlib.contextmanager

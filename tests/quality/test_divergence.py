@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from replay import FIXTURES
 
-from kvprobe.divergence import compare, compare_position, parse_prompt_logprobs
+from kvprobe.quality.divergence import compare, compare_position, parse_prompt_logprobs
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:

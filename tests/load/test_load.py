@@ -16,9 +16,9 @@ from rich.console import Console
 from kvprobe.client import Client
 from kvprobe.config import Bars, LoadSettings, Slo, parse_config
 from kvprobe.evaluation import run_eval
-from kvprobe.loadstats import combine_repeats, compare_case, request_row, summarize_run, worst
+from kvprobe.load.stats import combine_repeats, compare_case, request_row, summarize_run, worst
+from kvprobe.load.workload import TextSource, conversation, request_body, shapes_of
 from kvprobe.store import RunDir
-from kvprobe.workload import TextSource, conversation, request_body, shapes_of
 
 R1 = "reasoning-deepseek_r1-8104"
 
