@@ -22,7 +22,7 @@ import orjson
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvprobe.errors import ConfigError, ServerError
-from kvprobe.probes.perplexity import is_server_failure, one_line, ordered_active, targets_for
+from kvprobe.probes.perplexity import is_server_failure, one_line, ordered_active, targets_for, tokenized_passages
 from kvprobe.quality.divergence import Comparison, TopK, compare, parse_prompt_logprobs
 from kvprobe.quality.passages import split_ids
 from kvprobe.stats import Interval, bar_outcome, paired_bootstrap
@@ -112,7 +112,6 @@ def _recorded(ctx: EvalContext, key: str) -> dict[tuple[str, int], Comparison]:
 
 
 async def run(ctx: EvalContext) -> dict[str, Any]:
-    from kvprobe.quality import lmeval
 
     settings = ctx.config.agreement
     ref = ctx.reference
@@ -128,16 +127,12 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
     if ref not in targets:
         ctx.run.write_json("agreement.json", {})
         return {}
-    with lmeval.quiet():
-        passages = await asyncio.to_thread(lmeval.task_passages, ctx.config.perplexity.task, settings.passages)
-        try:
-            prefix, full_ids = await asyncio.to_thread(lmeval.tokenize, targets[ref], passages)
-        except Exception as exc:
-            if not is_server_failure(exc):
-                raise
-            ctx.mark_broken(ref, f"agreement: tokenizing the passages: {one_line(exc)}")
-            ctx.run.write_json("agreement.json", {})
-            return {}
+    tokenized = await tokenized_passages(ctx, "agreement", targets[ref], ctx.config.perplexity.task,
+                                         settings.passages)
+    if tokenized is None:
+        ctx.run.write_json("agreement.json", {})
+        return {}
+    passages, prefix, full_ids = tokenized
     ids = [toks[: settings.max_tokens_per_passage] for toks in full_ids]
     key = _key(settings.top_k, settings.max_tokens_per_passage, max_model_len, prefix, ids)
     done = _recorded(ctx, key)

@@ -52,6 +52,24 @@ def one_line(exc: BaseException) -> str:
     return text[:300]
 
 
+async def tokenized_passages(ctx: EvalContext, probe: str, target: Target, task: str,
+                             limit: int | None) -> tuple[list[Any], int | None, list[list[int]]] | None:
+    """The task's passages and their token ids from the reference's tokenizer (the same ids go to
+    every server); None, with the reference marked broken, when the server failed to tokenize."""
+    from kvprobe.quality import lmeval
+
+    with lmeval.quiet():
+        passages = await asyncio.to_thread(lmeval.task_passages, task, limit)
+        try:
+            prefix, ids = await asyncio.to_thread(lmeval.tokenize, target, passages)
+        except Exception as exc:
+            if not is_server_failure(exc):
+                raise
+            ctx.mark_broken(target.name, f"{probe}: tokenizing the passages: {one_line(exc)}")
+            return None
+    return passages, prefix, ids
+
+
 async def targets_for(ctx: EvalContext, names: list[str], max_length: int, num_concurrent: int) -> dict[str, Target]:
     """lm-eval settings per server; a server without a usable tokenizer is a config error."""
     from kvprobe.quality import lmeval
@@ -119,17 +137,12 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
         ctx.run.write_json("perplexity.json", summary)
         return summary
 
-    with lmeval.quiet():
-        passages = await asyncio.to_thread(lmeval.task_passages, settings.task, settings.limit)
-        try:
-            prefix, ids = await asyncio.to_thread(lmeval.tokenize, targets[ref], passages)
-        except Exception as exc:
-            if not is_server_failure(exc):
-                raise
-            ctx.mark_broken(ref, f"perplexity: tokenizing the passages: {one_line(exc)}")
-            summary = {"reference": ref, "servers": {}, "error": f"reference {ref}: {ctx.broken[ref]}"}
-            ctx.run.write_json("perplexity.json", summary)
-            return summary
+    tokenized = await tokenized_passages(ctx, "perplexity", targets[ref], settings.task, settings.limit)
+    if tokenized is None:
+        summary = {"reference": ref, "servers": {}, "error": f"reference {ref}: {ctx.broken[ref]}"}
+        ctx.run.write_json("perplexity.json", summary)
+        return summary
+    passages, prefix, ids = tokenized
     targets = {n: replace(t, prefix_token_id=prefix) for n, t in targets.items()}
     plans = [plan_passage(p.index, p.id, p.text, len(toks), max_length, settings.prefill_chunk_tokens)
              for p, toks in zip(passages, ids, strict=True)]
