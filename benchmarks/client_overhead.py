@@ -145,14 +145,6 @@ def _pcts(values: list[float]) -> dict[str, float | None]:
 
 # -- orchestration --------------------------------------------------------------------------------
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _get(url: str) -> bytes:
     with urllib.request.urlopen(url, timeout=5) as resp:
         return resp.read()
@@ -160,19 +152,17 @@ def _get(url: str) -> bytes:
 
 @contextmanager
 def mock_server(ttft: float = 0.0, itl: float = 0.0, precise: bool = False):
-    port = _free_port()
+    from kvprobe.servers.launcher import free_port, healthy
+
+    port = free_port()
     proc = subprocess.Popen([sys.executable, str(HERE / "mock_server.py"), "--port", str(port),
                              "--ttft", str(ttft), "--itl", str(itl), *(["--precise"] if precise else [])])
     try:
         deadline = time.monotonic() + 20
-        while True:
-            try:
-                _get(f"http://127.0.0.1:{port}/health")
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("mock server did not start") from None
-                time.sleep(0.1)
+        while not healthy(f"http://127.0.0.1:{port}"):
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError("mock server did not start")
+            time.sleep(0.1)
         yield port
     finally:
         proc.terminate()

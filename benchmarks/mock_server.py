@@ -273,13 +273,11 @@ class Protocol(asyncio.Protocol):
             self.transport.write(_json_response(404, {"detail": "Not Found"}))
 
 
-async def serve(host: str, port: int, ttft: float, itl: float, burst: int = 16, ready: object = None) -> None:
+async def serve(host: str, port: int, ttft: float, itl: float, burst: int = 16) -> None:
     engine = Engine(ttft, itl, burst)
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: Protocol(engine), host, port, backlog=4096)
     runner = loop.create_task(engine.paced() if ttft or itl else engine.run())
-    if ready is not None:
-        ready.set()  # type: ignore[attr-defined]
     try:
         async with server:
             await server.serve_forever()
@@ -290,7 +288,7 @@ async def serve(host: str, port: int, ttft: float, itl: float, burst: int = 16, 
 
 
 def run_server(host: str, port: int, ttft: float = 0.0, itl: float = 0.0, burst: int = 16,
-               ready: object = None, precise: bool = False) -> None:
+               precise: bool = False) -> None:
     """Process entry point. precise: a select() loop, whose timeout is in microseconds; epoll's is in
     whole milliseconds (rounded up), which makes a paced server ~0.5 ms late at the median. select()
     takes at most ~1000 sockets, so precise mode is for a few hundred streams."""
@@ -298,11 +296,11 @@ def run_server(host: str, port: int, ttft: float = 0.0, itl: float = 0.0, burst:
         if precise:
             loop = asyncio.SelectorEventLoop(selectors.SelectSelector())
             try:
-                loop.run_until_complete(serve(host, port, ttft, itl, burst, ready))
+                loop.run_until_complete(serve(host, port, ttft, itl, burst))
             finally:
                 loop.close()
         else:
-            asyncio.run(serve(host, port, ttft, itl, burst, ready))
+            asyncio.run(serve(host, port, ttft, itl, burst))
 
 
 def main() -> None:

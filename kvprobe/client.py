@@ -54,7 +54,6 @@ class Generation:
     error: str | None = None
     status: int | None = None
     system_fingerprint: str | None = None
-    raw: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -305,7 +304,6 @@ class Client:
         gen.usage = data.get("usage")
         gen.system_fingerprint = data.get("system_fingerprint")
         gen.complete = True
-        gen.raw = data
         return gen
 
     async def stream_chat(self, body: dict[str, Any]) -> Generation:

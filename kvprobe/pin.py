@@ -54,15 +54,6 @@ class PinCheck:
             "unchecked": self.unchecked,
         }
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> PinCheck:
-        return cls(
-            valid=data["valid"],
-            differences={k: [Difference(d["field"], d["values"]) for d in v]
-                         for k, v in data.get("by_candidate", {}).items()},
-            unchecked=list(data.get("unchecked", [])),
-        )
-
 
 # /server_info keys that differ between two identically configured servers, or follow from the KV dtype.
 _ENGINE_VOLATILE = frozenset({

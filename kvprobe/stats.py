@@ -60,30 +60,6 @@ def paired_bootstrap(
     return Interval(point, float(lo), float(hi))
 
 
-def bootstrap_ratio(
-    ref: Sequence[float],
-    cand: Sequence[float],
-    *,
-    resamples: int = 2000,
-    seed: int = 0,
-    level: float = 0.95,
-    reducer: Callable[[np.ndarray], np.ndarray] = lambda a: a.mean(axis=-1),
-) -> Interval:
-    """Interval for reducer(cand) / reducer(ref) with the two samples resampled independently
-    (repeated runs of a case on two servers are not paired)."""
-    r, c = np.asarray(ref, dtype=float), np.asarray(cand, dtype=float)
-    if r.size == 0 or c.size == 0:
-        raise ValueError("bootstrap_ratio needs two non-empty samples")
-    point = float(reducer(c[None, :])[0] / reducer(r[None, :])[0])
-    rng = np.random.default_rng(seed)
-    rs = r[rng.integers(0, r.size, size=(resamples, r.size))]
-    cs = c[rng.integers(0, c.size, size=(resamples, c.size))]
-    ratios = reducer(cs) / reducer(rs)
-    alpha = (1 - level) / 2
-    lo, hi = np.quantile(ratios, [alpha, 1 - alpha])
-    return Interval(point, float(lo), float(hi))
-
-
 def ratio_interval(ref: Sequence[float], cand: Sequence[float], *, level: float = 0.95) -> Interval:
     """Interval for the ratio of geometric means cand / ref, from independent repeated runs (Welch's t
     on log values). Speed runs on a shared box vary by tens of percent and there are few of them: a

@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from kvprobe.servers import DEMO_PORTS, LocalServer, ServerSpec, start_many, stop
+from kvprobe.servers import LocalServer, demo_specs, start_many, stop
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -42,8 +42,7 @@ def vllm_servers(_started_ports: set[int]) -> dict[str, LocalServer]:
     launcher recycles an int8_per_token_head server that has served too many tokens (that CPU kernel
     writes past its buffer once its block ids pass half the claimed pool; see launcher.OVERRUN_DTYPES),
     so each module starts from a server that is fit for it."""
-    specs = [ServerSpec(port=port, kv_cache_dtype=dtype) for dtype, port in DEMO_PORTS.items()]
-    servers = start_many(specs)
+    servers = start_many(demo_specs())
     _started_ports.update(s.spec.port for s in servers if not s.reused)
     return {s.spec.kv_cache_dtype: s for s in servers}
 
@@ -51,13 +50,8 @@ def vllm_servers(_started_ports: set[int]) -> dict[str, LocalServer]:
 @pytest.fixture(autouse=True, scope="session")
 def _private_config_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """`eval` signs its verdict: no test creates or uses a key in the user's real config directory."""
-    saved = {k: os.environ.get(k) for k in ("XDG_CONFIG_HOME", "KVPROBE_SIGNING_KEY", "KVPROBE_ALLOWED_SIGNERS")}
-    os.environ["XDG_CONFIG_HOME"] = str(tmp_path_factory.mktemp("xdg-config"))
-    os.environ.pop("KVPROBE_SIGNING_KEY", None)
-    os.environ.pop("KVPROBE_ALLOWED_SIGNERS", None)
-    yield
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("xdg-config")))
+        mp.delenv("KVPROBE_SIGNING_KEY", raising=False)
+        mp.delenv("KVPROBE_ALLOWED_SIGNERS", raising=False)
+        yield

@@ -27,11 +27,6 @@ def capture(server: str, name: str) -> bytes:
     raise FileNotFoundError(f"no capture {server}/{name}")
 
 
-def capture_request(server: str, name: str) -> dict:
-    data = json.loads((FIXTURES / server / f"{name}.request.json").read_text())
-    return data.get("body", data)
-
-
 def _respond(body: bytes, status: int = 200, sse: bool = False) -> httpx.Response:
     ctype = "text/event-stream" if sse else ("application/json" if body[:1] in (b"{", b"[") else "text/plain")
     return httpx.Response(status, content=body, headers={"content-type": ctype})

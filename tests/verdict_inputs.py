@@ -3,7 +3,6 @@ write theirs (shapes from issues 2-5), so `gather` and `decide` are exercised to
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
@@ -68,9 +67,6 @@ class Measurements:
             "reference": "ref",
             "servers": {"ref": {"cases": load_cases([100, 101, 99, 100], [1.0, 1.01, 0.99, 1.0])},
                         "cand": {"cases": load_cases([104, 105, 103, 104], [0.97, 0.98, 0.96, 0.97])}}}
-
-    def copy(self) -> Measurements:
-        return copy.deepcopy(self)
 
     def write(self, path: Path) -> RunDir:
         run = RunDir.create(path)

@@ -150,7 +150,7 @@ def state_dtypes(model: ModelShape, settings: Settings) -> tuple[str, str]:
     return conv, state_dtype(ssm_choice, conv)
 
 
-def _align_hybrid(model: ModelShape, pages: list[Page], settings: Settings) -> list[Page]:
+def _align_hybrid(pages: list[Page], settings: Settings) -> list[Page]:
     """Platform._align_hybrid_block_size: raise the attention block size until its page covers the
     largest state page, then pad every state page to exactly that attention page."""
     attn = [p for p in pages if p.block_size is not None]
@@ -244,7 +244,7 @@ def plan(model: ModelShape, kv_dtype: str, max_model_len: int, settings: Setting
         else _state_page(la, conv_dtype, ssm_dtype)
         for la in model.layers
     ]
-    pages = _align_hybrid(model, pages, settings)
+    pages = _align_hybrid(pages, settings)
     pages, group_layers = _group(pages)
     mode = mamba_cache_mode(model, settings)
 

@@ -81,10 +81,6 @@ class ModelShape:
     def attention(self) -> list[AttentionLayer]:
         return [la for la in self.layers if isinstance(la, AttentionLayer)]
 
-    @property
-    def states(self) -> list[StateLayer]:
-        return [la for la in self.layers if isinstance(la, StateLayer)]
-
 
 class _Cfg:
     """Field access that names the missing field in one line."""

@@ -13,7 +13,6 @@ from typing import Literal
 from kvprobe.client import Generation
 
 Status = Literal["hit", "miss", "truncated", "error"]
-STATUSES: tuple[Status, ...] = ("hit", "miss", "truncated", "error")
 
 # A number as people and models write it: plain digits, or grouped in threes with a separator.
 _NUMBER = re.compile(r"(?<!\d)(?:\d{1,3}(?:[,.\u00a0\u202f' _]\d{3})+|\d+)(?!\d)")

