@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from kvprobe.client import Client
-from kvprobe.corpus import filler_text
+from kvprobe.corpus import filler_ids, filler_text
 from kvprobe.errors import AuthError, KvprobeError, ServerError, Unreachable
 from kvprobe.scrape import Capacity, parse_metrics
 
@@ -82,24 +82,16 @@ class Inventory:
         return cls(**data)
 
 
-async def _smoke_prompt(client: Client, target: int) -> tuple[list[int] | str, bool]:
-    """A real prompt of `target` tokens from the shipped filler (token ids when /tokenize works)."""
-    # A fresh random prefix makes every block's hash new: a prefix-cache hit is not a prefill.
-    text = f"kvprobe smoke {secrets.token_hex(8)}\n" + filler_text()
-    ids = await client.tokenize(prompt=text[: target * 8])
-    if len(ids) < target:
-        ids = (ids * (target // max(len(ids), 1) + 1))
-    return ids[:target], False
-
-
 async def smoke_test(client: Client, max_model_len: int, fraction: float, max_tokens: int,
                      has_tokenize: bool) -> Smoke:
     target = max(16, int(max_model_len * fraction))
+    # A fresh random prefix makes every block's hash new: a prefix-cache hit is not a prefill.
+    prefix = f"kvprobe smoke {secrets.token_hex(8)}\n"
     try:
-        if has_tokenize:
-            prompt, approximate = await _smoke_prompt(client, target)
+        if has_tokenize:  # a real prompt of exactly `target` tokens
+            prompt, approximate = await filler_ids(client, target, prefix=prefix), False
         else:  # ~4 characters a token in English: an estimate, marked as such
-            prompt, approximate = f"kvprobe smoke {secrets.token_hex(8)}\n" + filler_text()[: target * 4], True
+            prompt, approximate = prefix + filler_text()[: target * 4], True
         t0 = time.perf_counter()
         data = await client.completions({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
         seconds = time.perf_counter() - t0

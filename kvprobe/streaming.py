@@ -123,6 +123,7 @@ class StreamPool:
         self.host = parts.hostname or "127.0.0.1"
         self.ssl = parts.scheme == "https"
         self.port = parts.port or (443 if self.ssl else 80)
+        self._ssl_context: ssl.SSLContext | None = None  # built on first connect: loading CAs costs ~20 ms
         self.prefix = parts.path.rstrip("/")
         host_header = parts.netloc.rsplit("@", 1)[-1]
         lines = [f"host: {host_header}", "accept: text/event-stream", "content-type: application/json",
@@ -142,9 +143,10 @@ class StreamPool:
 
     async def _connect(self) -> _Conn:
         loop = asyncio.get_running_loop()
-        context = ssl.create_default_context() if self.ssl else None
+        if self.ssl and self._ssl_context is None:
+            self._ssl_context = ssl.create_default_context()
         _, conn = await asyncio.wait_for(
-            loop.create_connection(_Conn, self.host, self.port, ssl=context,
+            loop.create_connection(_Conn, self.host, self.port, ssl=self._ssl_context,
                                    server_hostname=self.host if self.ssl else None),
             self.connect_timeout_s)
         return conn

@@ -23,20 +23,11 @@ from typing import Any
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kvprobe.corpus import filler_text
+from kvprobe.corpus import filler_ids
 from kvprobe.errors import ServerError
 from kvprobe.evaluation import EvalContext
 
 EVENT = "fill_done"
-
-
-async def _filler_ids(ctx: EvalContext, name: str, tokens: int) -> list[int]:
-    client = ctx.clients[name]
-    text = filler_text()
-    ids = await client.tokenize(prompt=text[: tokens * 8], add_special_tokens=False)
-    while len(ids) < tokens:  # short filler: repeat it (the random prefix keeps every block new)
-        ids = ids + ids
-    return ids[:tokens]
 
 
 async def _fill_server(ctx: EvalContext, name: str, bar: Progress, task: Any) -> dict[str, Any]:
@@ -49,7 +40,8 @@ async def _fill_server(ctx: EvalContext, name: str, bar: Progress, task: Any) ->
     target = math.ceil(claimed * settings.fraction)
     # prefix (8) + body + the one generated token must fit in max_model_len
     prompt_len = max(64, min(settings.prompt_tokens or max_len, max_len) - 8 - 1)
-    body_ids = await _filler_ids(ctx, name, prompt_len)
+    # the filler repeats if short: the random prefix per request keeps every block new
+    body_ids = await filler_ids(ctx.clients[name], prompt_len, add_special_tokens=False)
     rng = random.Random(f"{ctx.run.path.name}/{name}")
     vocab_hi = max(body_ids) if body_ids else 1000
     served, requests, error, rejected = 0, 0, None, None
