@@ -26,7 +26,14 @@ from kvprobe.evaluation import EvalContext
 from kvprobe.load.generator import CaseRunner
 from kvprobe.load.sampler import MetricsSampler
 from kvprobe.load.stats import combine_repeats, compare_case, summarize_run, worst
-from kvprobe.load.workload import Shape, TextSource, case_nonce, measure_chars_per_token, shapes_of
+from kvprobe.load.workload import (
+    DEFAULT_CHARS_PER_TOKEN,
+    Shape,
+    TextSource,
+    case_nonce,
+    measure_chars_per_token,
+    shapes_of,
+)
 from kvprobe.report.terminal import load_table, print_wide
 
 # Headroom for the chat template around the messages, in tokens.
@@ -60,23 +67,18 @@ def _check_fits(ctx: EvalContext, shapes: list[Shape], servers: list[str]) -> No
         raise ConfigError(problems)
 
 
-async def _chars_per_token(ctx: EvalContext, digest: str) -> float:
-    """Measured once per run on the reference's tokenizer and recorded, so a resumed run builds the
-    same prompts."""
+async def _load_setup(ctx: EvalContext, digest: str) -> tuple[float, str]:
+    """Characters per token (measured on the reference's tokenizer) and the run's nonce: set once per
+    run and recorded, so a resumed run builds the same prompts."""
     for event in ctx.run.events("load_setup", digest=digest):
-        return float(event["chars_per_token"])
+        return float(event["chars_per_token"]), str(event["run_nonce"])
     ref = ctx.reference
-    cpt = 4.0
+    cpt = DEFAULT_CHARS_PER_TOKEN
     if ctx.inventories[ref].has_tokenize:
         cpt = await measure_chars_per_token(ctx.clients[ref])
-    ctx.run.event("load_setup", digest=digest, chars_per_token=cpt, run_nonce=secrets.token_hex(4))
-    return cpt
-
-
-def _run_nonce(ctx: EvalContext, digest: str) -> str:
-    for event in ctx.run.events("load_setup", digest=digest):
-        return str(event["run_nonce"])
-    raise RuntimeError("load_setup event missing")  # _chars_per_token always writes it first
+    run_nonce = secrets.token_hex(4)
+    ctx.run.event("load_setup", digest=digest, chars_per_token=cpt, run_nonce=run_nonce)
+    return cpt, run_nonce
 
 
 def _plan(shapes: list[Shape], repeats: int, servers: list[str]) -> list[tuple[Shape, int, int, list[str]]]:
@@ -126,14 +128,14 @@ async def _reset_prefix_cache(ctx: EvalContext, name: str, notes: dict[str, str]
     return True
 
 
-async def _warm_up(ctx: EvalContext, name: str, shape: Shape, digest: str, source: TextSource,
+async def _warm_up(ctx: EvalContext, name: str, shape: Shape, digest: str, run_nonce: str, source: TextSource,
                    progress: Progress, task: Any) -> None:
     """One unrecorded case at the shape's largest agent count (prompts of their own nonce, so the
     measured ones stay uncached): a cold server's first batches are several times slower."""
     settings = ctx.config.load
     agents = max(shape.agents)
     warm_shape = replace(shape, max_output_tokens=min(shape.max_output_tokens, 16))
-    nonce = case_nonce(_run_nonce(ctx, digest), f"warmup/{shape.name}", agents, -1)
+    nonce = case_nonce(run_nonce, f"warmup/{shape.name}", agents, -1)
     progress.update(task, description=f"{name} · {shape.name} · warm-up ({agents} agents)")
     runner = CaseRunner(ctx.clients[name], settings, warm_shape, agents, nonce, source,
                         settings.request_overrides.get(name))
@@ -146,22 +148,22 @@ async def _warm_up(ctx: EvalContext, name: str, shape: Shape, digest: str, sourc
 
 
 async def _run_unit(ctx: EvalContext, name: str, shape: Shape, agents: int, repeat: int, digest: str,
-                    source: TextSource, notes: dict[str, str], progress: Progress, task: Any) -> None:
+                    run_nonce: str, source: TextSource, notes: dict[str, str], progress: Progress,
+                    task: Any) -> None:
     settings = ctx.config.load
     if not await _reset_prefix_cache(ctx, name, notes):
         return
     await asyncio.sleep(settings.settle_s)
-    nonce = case_nonce(_run_nonce(ctx, digest), shape.name, agents, repeat)
+    nonce = case_nonce(run_nonce, shape.name, agents, repeat)
     unit = secrets.token_hex(6)
     ids = {"server": name, "shape": shape.name, "agents": agents, "repeat": repeat, "unit": unit, "digest": digest}
     writer = _Writer(ctx)
-    done = {"n": 0, "tokens": 0}
+    done = {"n": 0}
     label = f"{name} · {shape.name} · {agents} agent{'s' if agents > 1 else ''} · run {repeat + 1}/{settings.repeats}"
 
     def on_row(row: dict[str, Any]) -> None:
         writer.event("load_request", **ids, **row)
         done["n"] += 1
-        done["tokens"] += int(row["output_tokens"] or 0) if row["status"] == "ok" else 0
         progress.update(task, description=f"{label} · {done['n']} req")
 
     progress.update(task, description=label)
@@ -252,7 +254,8 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
         if name not in ctx.clients:
             ctx.console.print(f"[yellow]warning:[/yellow] load.request_overrides names {name!r}, "
                               f"which is not a server in servers.toml", highlight=False)
-    source = TextSource(await _chars_per_token(ctx, digest))
+    chars_per_token, run_nonce = await _load_setup(ctx, digest)
+    source = TextSource(chars_per_token)
     finished = {(e["server"], e["shape"], e["agents"], e["repeat"])
                 for e in ctx.run.events("load_case", digest=digest)}
     plan = _plan(shapes, settings.repeats, servers)
@@ -266,7 +269,7 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
                 for name in servers:
                     todo = [u for u in plan if u[0] == shape and (name, shape.name, u[1], u[2]) not in finished]
                     if todo and name in ctx.active():
-                        await _warm_up(ctx, name, shape, digest, source, progress, tasks[name])
+                        await _warm_up(ctx, name, shape, digest, run_nonce, source, progress, tasks[name])
         for shape, agents, repeat, order in plan:
             for name in order:
                 if name not in ctx.active():
@@ -274,7 +277,8 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
                 if (name, shape.name, agents, repeat) in finished:
                     progress.update(tasks[name], advance=1)
                     continue
-                await _run_unit(ctx, name, shape, agents, repeat, digest, source, notes, progress, tasks[name])
+                await _run_unit(ctx, name, shape, agents, repeat, digest, run_nonce, source, notes, progress,
+                                tasks[name])
     summary = build_summary(ctx, digest, servers)
     ctx.run.write_json("load.json", summary)
     print_wide(ctx.console, load_table(summary))
