@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections import defaultdict
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -98,18 +99,17 @@ def settings_key(task: str, limit: int | None, max_length: int, prefix: int | No
     return hashlib.sha256(raw).hexdigest()[:12]
 
 
-def recorded_rows(ctx: EvalContext, name: str, repeat: int, key: str) -> list[DocRow] | None:
-    """Rows of a finished (server, repeat) run from the events log, or None."""
-    if not any(True for _ in ctx.run.events("perplexity_run", server=name, repeat=repeat, key=key)):
-        return None
-    rows = {e["doc"]: DocRow(e["doc"], e["loglikelihood"], e["words"], e["bytes"], e["tokens"])
-            for e in ctx.run.events("perplexity_doc", server=name, repeat=repeat, key=key)}
-    return [rows[i] for i in sorted(rows)]
-
-
-def recorded_aggregate(ctx: EvalContext, name: str, repeat: int, key: str) -> dict[str, Any]:
-    runs = list(ctx.run.events("perplexity_run", server=name, repeat=repeat, key=key))
-    return runs[-1] if runs else {}
+def recorded_runs(ctx: EvalContext, key: str) -> tuple[dict[tuple[str, int], list[DocRow]],
+                                                       dict[tuple[str, int], dict[str, Any]]]:
+    """The finished (server, repeat) runs in the events log: their rows and their run records."""
+    runs = {(e["server"], e["repeat"]): e for e in ctx.run.events("perplexity_run", key=key)}
+    docs: dict[tuple[str, int], dict[int, DocRow]] = defaultdict(dict)
+    for e in ctx.run.events("perplexity_doc", key=key):
+        if (e["server"], e["repeat"]) in runs:
+            docs[(e["server"], e["repeat"])][e["doc"]] = DocRow(e["doc"], e["loglikelihood"], e["words"],
+                                                                e["bytes"], e["tokens"])
+    rows = {run: [docs[run][i] for i in sorted(docs[run])] for run in runs}
+    return rows, runs
 
 
 async def run(ctx: EvalContext) -> dict[str, Any]:
@@ -161,13 +161,9 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
 
     tokens = {p.index: p.tokens for p in plans}
     total_windows = sum(len(p.windows) for p in plans)
-    rows: dict[tuple[str, int], list[DocRow]] = {}
     repeats = {n: settings.reference_repeats if n == ref else 1 for n in names}
-    for name in names:
-        for repeat in range(1, repeats[name] + 1):
-            found = recorded_rows(ctx, name, repeat, key)
-            if found is not None:
-                rows[(name, repeat)] = found
+    recorded, run_records = recorded_runs(ctx, key)
+    rows = {run: got for run, got in recorded.items() if run[0] in names and run[1] <= repeats[run[0]]}
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("windows"), TimeElapsedColumn(), console=ctx.console, transient=False)
@@ -201,9 +197,9 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
                 ctx.run.event("perplexity_doc", server=name, repeat=repeat, key=key, doc=row.index, id=plan.id,
                               loglikelihood=row.loglikelihood, words=row.words, bytes=row.bytes,
                               tokens=row.tokens, windows=len(plan.windows), crossed_chunk=plan.crossed_chunk)
-            ctx.run.event("perplexity_run", server=name, repeat=repeat, key=key, docs=len(got),
-                          seconds=result.seconds, windows=result.windows, lm_eval=result.aggregate,
-                          tokenizer=targets[name].tokenizer.describe())
+            run_records[(name, repeat)] = ctx.run.event(
+                "perplexity_run", server=name, repeat=repeat, key=key, docs=len(got), seconds=result.seconds,
+                windows=result.windows, lm_eval=result.aggregate, tokenizer=targets[name].tokenizer.describe())
             rows[(name, repeat)] = got
 
     with lmeval.quiet(), progress:
@@ -214,7 +210,7 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
                    prefill_chunk_tokens=settings.prefill_chunk_tokens,
                    tokenizers={n: t.tokenizer.describe() for n, t in targets.items()})
     for name in summary["servers"]:
-        agg = recorded_aggregate(ctx, name, 1, key)
+        agg = run_records.get((name, 1))
         if agg:
             summary["servers"][name]["lm_eval"] = agg.get("lm_eval")
             summary["servers"][name]["seconds"] = agg.get("seconds")
