@@ -38,17 +38,10 @@ def _servers_of(data: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in data.items() if isinstance(v, dict) and k not in ("pin", "settings", "bars")}
 
 
-def read_capacity(data: dict[str, Any]) -> dict[str, Any]:
-    return {"servers": {name: _scalars(row) for name, row in _servers_of(data).items()}}
-
-
-def read_perplexity(data: dict[str, Any]) -> dict[str, Any]:
-    # Kept: delta, ci95, noise, outcome (the probe's own call; the verdict re-derives it from ci95
-    # and the bar), bits_per_byte, word_perplexity and whatever else is a scalar.
-    return {"servers": {name: _scalars(row) for name, row in _servers_of(data).items()}}
-
-
-def read_agreement(data: dict[str, Any]) -> dict[str, Any]:
+def read_per_server(data: dict[str, Any]) -> dict[str, Any]:
+    """capacity, perplexity, agreement, fill: each server's scalars. Perplexity keeps delta, ci95, noise
+    and outcome (the probe's own call; the verdict re-derives it from ci95 and the bar); a server that
+    died filling its pool is `broken` through the run's broken events, and fill keeps its numbers."""
     return {"servers": {name: _scalars(row) for name, row in _servers_of(data).items()}}
 
 
@@ -85,18 +78,13 @@ def read_load(data: dict[str, Any]) -> dict[str, Any]:
     return {"servers": servers}
 
 
-def read_fill(data: dict[str, Any]) -> dict[str, Any]:
-    # A server that died filling its pool is `broken` through the run's broken events; these are its numbers.
-    return {"servers": {name: _scalars(row) for name, row in _servers_of(data).items()}}
-
-
 READERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    "capacity": read_capacity,
-    "perplexity": read_perplexity,
-    "agreement": read_agreement,
+    "capacity": read_per_server,
+    "perplexity": read_per_server,
+    "agreement": read_per_server,
     "needle": read_needle,
     "load": read_load,
-    "fill": read_fill,
+    "fill": read_per_server,
 }
 
 

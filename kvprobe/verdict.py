@@ -43,13 +43,13 @@ LATENCY_P99 = (("ttft_p99_s", "TTFT p99"), ("itl_p99_s", "ITL p99"), ("e2e_p99_s
 
 # -- formatting (deterministic: reasons are part of the signed bytes) ----------------------------
 
-def _pct(x: float | None, signed: bool = True) -> str:
+def pct(x: float | None, signed: bool = True) -> str:
     if x is None:
         return "-"
     return f"{x * 100:+.2f}%" if signed else f"{x * 100:.2f}%"
 
 
-def _iv(lo: float | None, hi: float | None, fmt: Any = _pct) -> str:
+def _iv(lo: float | None, hi: float | None, fmt: Any = pct) -> str:
     return f"[{fmt(lo)}, {fmt(hi)}]"
 
 
@@ -80,15 +80,15 @@ def perplexity_check(inputs: dict[str, Any], cand: str, bars: Bars) -> dict[str,
     if delta is None:
         return _not_measured(bar, metric, "perplexity", f"no perplexity result for {cand}", limit)
     noise = row.get("noise")
-    noise_text = f", reference noise {_pct(noise)}" if noise is not None else ""
+    noise_text = f", reference noise {pct(noise)}" if noise is not None else ""
     if not (isinstance(ci, list) and len(ci) == 2 and None not in ci):
         return _check(bar, metric, "perplexity", "inconclusive",
-                      f"{metric} {_pct(delta)} has no interval: not shown to be under {_pct(limit, False)}",
+                      f"{metric} {pct(delta)} has no interval: not shown to be under {pct(limit, False)}",
                       value=delta, limit=limit)
     outcome = bar_outcome(Interval(delta, ci[0], ci[1]), limit)
-    text = f"{metric} {_pct(delta)} {_iv(*ci)} vs bar {_pct(limit, False)}{noise_text}: {outcome}"
+    text = f"{metric} {pct(delta)} {_iv(*ci)} vs bar {pct(limit, False)}{noise_text}: {outcome}"
     if outcome == "fail":
-        text += f" (over the bar by at least {_pct(ci[0] - limit, False)})"
+        text += f" (over the bar by at least {pct(ci[0] - limit, False)})"
     elif outcome == "inconclusive":
         text += " (the interval straddles the bar: more passages would settle it)"
     return _check(bar, metric, "perplexity", outcome, text, value=delta, interval=list(ci), limit=limit)
@@ -209,18 +209,18 @@ def _ratio_check(bar: str, metric: str, case: str, ref: list[float], cand: list[
         point = (sum(cand) / len(cand)) / (sum(ref) / len(ref))
         loss = loss_from_ratio(point)
         return _check(bar, metric, "load", "inconclusive",
-                      f"{metric} at {case}: {describe} {_pct(loss)} from one run each, no interval "
-                      f"(set load.repeats >= 2) vs bar {_pct(limit, False)}: inconclusive",
+                      f"{metric} at {case}: {describe} {pct(loss)} from one run each, no interval "
+                      f"(set load.repeats >= 2) vs bar {pct(limit, False)}: inconclusive",
                       value=loss, limit=limit, case=case, ratio=point)
     iv = ratio_interval(ref, cand)
     a, b = loss_from_ratio(iv.lo), loss_from_ratio(iv.hi)
     loss = Interval(loss_from_ratio(iv.estimate), min(a, b), max(a, b))
     outcome = bar_outcome(loss, limit)
     text = (f"{metric} at {case}: ratio {iv.estimate:.3f} [{iv.lo:.3f}, {iv.hi:.3f}] over "
-            f"{len(ref)}+{len(cand)} runs, {describe} {_pct(loss.estimate)} {_iv(loss.lo, loss.hi)} vs bar "
-            f"{_pct(limit, False)}: {outcome}")
+            f"{len(ref)}+{len(cand)} runs, {describe} {pct(loss.estimate)} {_iv(loss.lo, loss.hi)} vs bar "
+            f"{pct(limit, False)}: {outcome}")
     if outcome == "fail":
-        text += f" (over the bar by at least {_pct(loss.lo - limit, False)})"
+        text += f" (over the bar by at least {pct(loss.lo - limit, False)})"
     return _check(bar, metric, "load", outcome, text, value=loss.estimate, interval=loss.as_list(), limit=limit,
                   case=case, ratio=iv.estimate, ratio_interval=iv.as_list())
 
@@ -328,8 +328,8 @@ def _decide_candidate(inputs: dict[str, Any], cand: str, bars: Bars) -> dict[str
         gain = None
     else:
         gain = (tokens - ref_tokens) / ref_tokens
-        capacity_text = (f"capacity {ratio:.2f}x ({tokens:,} vs {ref_tokens:,} KV tokens, gain {_pct(gain)}; "
-                         f"bar: gain >= {_pct(bars.capacity_gain_min, False)})")
+        capacity_text = (f"capacity {ratio:.2f}x ({tokens:,} vs {ref_tokens:,} KV tokens, gain {pct(gain)}; "
+                         f"bar: gain >= {pct(bars.capacity_gain_min, False)})")
     base["capacity_gain"] = gain
     base["checks"] = checks
     if failed:

@@ -27,14 +27,15 @@ def render(v: dict[str, Any], plots: list[tuple[str, str | None, str]], signatur
            f"**Recommendation: {rec['server']}** — {rec['reason']}", "",
            f"Measured {v['run'].get('first_measurement') or '-'} to {v['run'].get('last_measurement') or '-'} "
            f"by kvprobe {v['run'].get('measured_by') or '-'}; verdict schema {v['schema']}, rules {v['rules']}.", ""]
-    for t in all_tables(v):
+    tables = all_tables(v)
+    for t in tables:
         if t.title == "Every check":
             continue
         out += [table(t), ""]
     out += ["## Plots", ""]
     for title, path, absent in plots:
         out += [f"![{title}]({path})" if path else f"*{title}: {absent}*", ""]
-    checks = next(t for t in all_tables(v) if t.title == "Every check")
+    checks = next(t for t in tables if t.title == "Every check")
     out += ["## Checks", "", table(checks), ""]
     out += ["## Signature", ""]
     if signature:

@@ -169,9 +169,9 @@ def request_latencies(run: RunDir | None) -> dict[str, dict[str, list[float]]]:
     out: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     if run is None:
         return {}
-    for event in run.events():
+    for event in run.events("load_request"):
         server = event.get("server")
-        if not server or not str(event.get("kind", "")).startswith("load"):
+        if not server:
             continue
         if event.get("error") or event.get("status", "ok") != "ok":
             continue  # failed and cut-off requests are counted by the load table, not drawn as latencies

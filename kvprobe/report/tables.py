@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from kvprobe.verdict import case_key, natural_order  # the same grouping the decisions use
+from kvprobe.verdict import case_key, natural_order, pct  # the grouping and wording the decisions use
 
 
 @dataclass
@@ -27,12 +27,6 @@ def num(value: Any, fmt: str = ",") -> str:
     if isinstance(value, float) and fmt == ",":
         fmt = ",.4g"
     return format(value, fmt)
-
-
-def pct(value: float | None, signed: bool = True) -> str:
-    if value is None:
-        return "-"
-    return f"{value * 100:+.2f}%" if signed else f"{value * 100:.2f}%"
 
 
 def interval(iv: list[float] | None, fmt: Any = pct) -> str:
