@@ -60,6 +60,12 @@ def paired_bootstrap(
     return Interval(point, float(lo), float(hi))
 
 
+def loss_interval(ratio: Interval, loss_of: Callable[[float], float]) -> Interval:
+    """A candidate/reference ratio's interval as a loss (a drop 1 - r, a rise r - 1), bounds in order."""
+    a, b = loss_of(ratio.lo), loss_of(ratio.hi)
+    return Interval(loss_of(ratio.estimate), min(a, b), max(a, b))
+
+
 def ratio_interval(ref: Sequence[float], cand: Sequence[float], *, level: float = 0.95) -> Interval:
     """Interval for the ratio of geometric means cand / ref, from independent repeated runs (Welch's t
     on log values). Speed runs on a shared box vary by tens of percent and there are few of them: a

@@ -29,7 +29,8 @@ from kvprobe import __version__
 from kvprobe.config import Bars
 from kvprobe.errors import EXIT_BAR_FAILED, EXIT_BROKEN, EXIT_INVALID, EXIT_OK
 from kvprobe.evidence import gather
-from kvprobe.stats import Interval, bar_outcome, paired_bootstrap, ratio_interval
+from kvprobe.load.stats import P99_KEYS
+from kvprobe.stats import Interval, bar_outcome, loss_interval, paired_bootstrap, ratio_interval
 from kvprobe.store import RunDir, dumps
 
 SCHEMA = "kvprobe.verdict/1"
@@ -38,7 +39,6 @@ BOOTSTRAP = {"resamples": 2000, "seed": 0, "level": 0.95}
 DECISIONS = ("invalid", "broken", "reject", "no_gain", "inconclusive", "adopt")
 INPUT_KEYS = ("reference", "order", "bars", "servers", "pin", "broken", "probes", "probes_status")
 DERIVED_KEYS = ("decisions", "recommendation", "exit_code")
-LATENCY_P99 = (("ttft_p99_s", "TTFT p99"), ("itl_p99_s", "ITL p99"), ("e2e_p99_s", "E2E p99"))
 
 
 # -- formatting (deterministic: reasons are part of the signed bytes) ----------------------------
@@ -213,8 +213,7 @@ def _ratio_check(bar: str, metric: str, case: str, ref: list[float], cand: list[
                       f"(set load.repeats >= 2) vs bar {pct(limit, False)}: inconclusive",
                       value=loss, limit=limit, case=case, ratio=point)
     iv = ratio_interval(ref, cand)
-    a, b = loss_from_ratio(iv.lo), loss_from_ratio(iv.hi)
-    loss = Interval(loss_from_ratio(iv.estimate), min(a, b), max(a, b))
+    loss = loss_interval(iv, loss_from_ratio)
     outcome = bar_outcome(loss, limit)
     text = (f"{metric} at {case}: ratio {iv.estimate:.3f} [{iv.lo:.3f}, {iv.hi:.3f}] over "
             f"{len(ref)}+{len(cand)} runs, {describe} {pct(loss.estimate)} {_iv(loss.lo, loss.hi)} vs bar "
@@ -263,7 +262,7 @@ def load_checks(inputs: dict[str, Any], cand: str, bars: Bars) -> list[dict[str,
         if errors:
             check["text"] += f"; {errors} failed requests on {cand}"
         out.append(check)
-        for key_p99, label in LATENCY_P99:
+        for key_p99, label in P99_KEYS:
             r, c = _samples(rc, key_p99), _samples(cc, key_p99)
             if not r and not c:
                 continue  # the probe does not report this percentile

@@ -15,7 +15,7 @@ import numpy as np
 
 from kvprobe.client import Generation
 from kvprobe.config import Bars, Slo
-from kvprobe.stats import Interval, Outcome, bar_outcome, percentiles, ratio_interval
+from kvprobe.stats import Interval, Outcome, bar_outcome, loss_interval, percentiles, ratio_interval
 
 Status = Literal["ok", "incomplete", "error"]
 
@@ -162,8 +162,7 @@ def _check(iv: Interval | None, loss_of: Any, bar: float) -> dict[str, Any]:
     if iv is None:
         return {"ratio": None, "interval": None, "loss": None, "loss_interval": None, "outcome": "inconclusive",
                 "note": "not measured on both servers"}
-    a, b = loss_of(iv.lo), loss_of(iv.hi)
-    loss = Interval(loss_of(iv.estimate), min(a, b), max(a, b))
+    loss = loss_interval(iv, loss_of)
     finite = np.isfinite([iv.lo, iv.hi]).all()
     out = {"ratio": _r(iv.estimate), "interval": [_r(iv.lo), _r(iv.hi)] if finite else None,
            "loss": _r(loss.estimate), "loss_interval": [_r(loss.lo), _r(loss.hi)] if finite else None,

@@ -25,7 +25,7 @@ from kvprobe.errors import ConfigError, KvprobeError, Unreachable
 from kvprobe.evaluation import EvalContext
 from kvprobe.load.generator import CaseRunner
 from kvprobe.load.sampler import MetricsSampler
-from kvprobe.load.stats import combine_repeats, compare_case, summarize_run, worst
+from kvprobe.load.stats import P99_KEYS, combine_repeats, compare_case, summarize_run, worst
 from kvprobe.load.workload import (
     DEFAULT_CHARS_PER_TOKEN,
     Shape,
@@ -238,8 +238,7 @@ def build_summary(ctx: EvalContext, digest: str, servers: list[str]) -> dict[str
         out["comparisons"][name] = {
             "cases": comp_cases,
             "throughput": worst(c["throughput"]["outcome"] for c in comp_cases),
-            "p99_latency": worst(c[k]["outcome"] for c in comp_cases for k in ("ttft_p99_s", "itl_p99_s",
-                                                                                 "e2e_p99_s")),
+            "p99_latency": worst(c[k]["outcome"] for c in comp_cases for k, _ in P99_KEYS),
         }
     return out
 
