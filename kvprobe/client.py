@@ -60,6 +60,11 @@ class Generation:
         return self.error is None and self.complete
 
     @property
+    def token_times(self) -> list[float]:
+        """When each chunk carrying reasoning or content arrived."""
+        return [c.t for c in self.chunks if c.reasoning or c.content]
+
+    @property
     def ttft(self) -> float | None:
         """Seconds to the first token of reasoning or content."""
         first = next((c.t for c in self.chunks if c.reasoning or c.content), None)
@@ -67,8 +72,7 @@ class Generation:
 
     @property
     def itl(self) -> list[float]:
-        times = [c.t for c in self.chunks if c.reasoning or c.content]
-        return [b - a for a, b in itertools.pairwise(times)]
+        return [b - a for a, b in itertools.pairwise(self.token_times)]
 
     @property
     def e2e(self) -> float:

@@ -8,6 +8,7 @@ percentiles and throughput count only `ok` requests; the other two are counted a
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
@@ -38,17 +39,16 @@ def status_of(gen: Generation) -> Status:
 def request_row(gen: Generation, t_case: float) -> dict[str, Any]:
     """What one request measured (times in seconds; t0 relative to the case start)."""
     usage = gen.usage or {}
-    token_chunks = sum(1 for c in gen.chunks if c.reasoning or c.content)
+    times = gen.token_times  # one pass over the chunks for TTFT, ITL and the count
     out = usage.get("completion_tokens")
-    ttft = gen.ttft
     row: dict[str, Any] = {
         "status": status_of(gen),
         "t0": _r(gen.t_start - t_case),
-        "ttft": _r(ttft),
-        "itl": [_r(x) for x in gen.itl],
+        "ttft": _r(times[0] - gen.t_start if times else None),
+        "itl": [_r(b - a) for a, b in itertools.pairwise(times)],
         "e2e": _r(gen.e2e),
         "prompt_tokens": usage.get("prompt_tokens"),
-        "output_tokens": out if out is not None else token_chunks,
+        "output_tokens": out if out is not None else len(times),
         "output_tokens_from_usage": out is not None,
         "finish_reason": gen.finish_reason,
         "error": gen.error,
