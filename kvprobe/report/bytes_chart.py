@@ -17,15 +17,16 @@ COLORS = {
 
 def bytes_chart(mm: MemoryMap, path: str | Path) -> Path:
     """Write the chart as a PNG at `path` and return the path."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: never open a window
-    import matplotlib.pyplot as plt
+    # An Agg canvas of its own, as plots.py does: pyplot's global backend and figure registry stay untouched.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     dtypes = list(mm.plans)
     kinds = [k for k in mm.kinds() if k not in NO_KV_KINDS]
     mib = 1024 * 1024
-    fig, ax = plt.subplots(figsize=(max(6.5, 1.4 * len(dtypes) + 4.5), 4.8), dpi=120)
+    fig = Figure(figsize=(max(6.5, 1.4 * len(dtypes) + 4.5), 4.8), dpi=120)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
     bottoms = [0.0] * len(dtypes)
     for kind in [*kinds, "padding"]:
         heights = []
@@ -57,5 +58,4 @@ def bytes_chart(mm: MemoryMap, path: str | Path) -> Path:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, format="png")
-    plt.close(fig)
     return out
