@@ -165,43 +165,36 @@ class Client:
         return Unreachable(self.name, f"cannot reach {self.url}{path}: {detail}", path=path)
 
     async def _request(self, method: str, path: str, *, idempotent: bool, **kw: Any) -> httpx.Response:
-        attempt = 0
-        while True:
-            attempt += 1
+        attempts = max(1, self.retries)
+        for attempt in range(1, attempts + 1):
+            last = attempt == attempts
             try:
                 resp = await self._http.request(method, path, **kw)
-            except httpx.ConnectError as exc:
-                # Refused before sending: safe to retry whatever the method.
-                if attempt < self.retries:
-                    await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
-                    continue
-                raise self._unreachable(exc, path) from None
             except httpx.TransportError as exc:
-                if idempotent and attempt < self.retries:
-                    await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
-                    continue
-                raise self._unreachable(exc, path) from None
-            if resp.status_code in _RETRY_STATUS and idempotent and attempt < self.retries:
-                await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
-                continue
-            if resp.status_code >= 400:
-                raise self._fail(resp, path)
-            return resp
+                # Refused before sending (ConnectError) is safe to retry whatever the method.
+                if last or not (idempotent or isinstance(exc, httpx.ConnectError)):
+                    raise self._unreachable(exc, path) from None
+            else:
+                if not (resp.status_code in _RETRY_STATUS and idempotent and not last):
+                    if resp.status_code >= 400:
+                        raise self._fail(resp, path)
+                    return resp
+            await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
-    async def _get_json(self, path: str) -> Any:
-        resp = await self._request("GET", path, idempotent=True)
+    def _json(self, resp: httpx.Response, path: str) -> Any:
         try:
             return resp.json()
         except ValueError:
             raise ServerError(self.name, f"not JSON: {resp.text[:200]!r}", path=path) from None
+
+    async def _get_json(self, path: str) -> Any:
+        return self._json(await self._request("GET", path, idempotent=True), path)
 
     async def _post_json(self, path: str, body: dict[str, Any], *, idempotent: bool) -> Any:
         resp = await self._request("POST", path, idempotent=idempotent, content=orjson.dumps(body),
                                    headers={"content-type": "application/json"})
-        try:
-            return resp.json()
-        except ValueError:
-            raise ServerError(self.name, f"not JSON: {resp.text[:200]!r}", path=path) from None
+        return self._json(resp, path)
 
     # -- introspection ----------------------------------------------------------------------
 
@@ -410,8 +403,7 @@ def _apply_event(gen: Generation, event: dict[str, Any], now: float, reasoning_p
         if delta is None:  # completions stream
             reasoning, content = "", choice.get("text") or ""
         else:
-            # vLLM >= 0.17 sends `reasoning`; older servers and some proxies `reasoning_content`.
-            reasoning = delta.get("reasoning") or delta.get("reasoning_content") or ""
+            reasoning = _reasoning_of(delta)
             content = delta.get("content") or ""
         gen.chunks.append(Chunk(now, reasoning, content))
         if reasoning:
