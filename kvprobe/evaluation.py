@@ -224,9 +224,9 @@ async def run_eval(
             code = EXIT_BROKEN
         messages += [inv.error or f"{inv.name} is broken" for inv in broken]
         messages += [f"{name} broke during the run: {err}" for name, err in ctx.broken.items()]
-        ctx.results["verdict"] = conclude(run, signing_key)
-        if code == EXIT_OK and "verdict" in ctx.results:
-            code = ctx.results["verdict"].get("exit_code", EXIT_OK)
+        verdict = ctx.results["verdict"] = conclude(run, signing_key)
+        if code == EXIT_OK:
+            code = verdict.get("exit_code", EXIT_OK)
         return EvalOutcome(code, messages, ctx)
 
 

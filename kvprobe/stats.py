@@ -89,9 +89,12 @@ def ratio_interval(ref: Sequence[float], cand: Sequence[float], *, level: float 
     return Interval(point, float(np.exp(np.log(point) - half)), float(np.exp(np.log(point) + half)))
 
 
-def bar_outcome(interval: Interval, bar: float) -> Outcome:
-    """For a quantity where larger is worse (a loss): pass when the whole interval is at or under
-    the bar, fail when the whole interval is over it, inconclusive when it straddles."""
+def bar_outcome(interval: Interval, bar: float, *, larger_is_worse: bool = True) -> Outcome:
+    """Pass when the whole interval is on the good side of the bar (at or under it for a loss, at or
+    over it for a quantity where smaller is worse), fail when the whole interval is past it,
+    inconclusive when it straddles."""
+    if not larger_is_worse:  # its negative is a loss (negation is exact in floating point)
+        return bar_outcome(Interval(-interval.estimate, -interval.hi, -interval.lo), -bar)
     if interval.hi <= bar:
         return "pass"
     if interval.lo > bar:

@@ -168,14 +168,11 @@ def agreement_checks(inputs: dict[str, Any], cand: str, bars: Bars) -> list[dict
             continue
         ci = row.get(f"{key}_ci95")
         ci = list(ci) if isinstance(ci, list) and len(ci) == 2 and None not in ci else None
-        # As a loss against a limit: KL as is; agreement as the disagreement rate vs 1 - bar.
-        loss, loss_limit = (value, limit) if larger_is_worse else (1 - value, 1 - limit)
         if ci is not None:
-            lo, hi = (ci[0], ci[1]) if larger_is_worse else (1 - ci[1], 1 - ci[0])
-            outcome = bar_outcome(Interval(loss, lo, hi), loss_limit)
+            outcome = bar_outcome(Interval(value, ci[0], ci[1]), limit, larger_is_worse=larger_is_worse)
             shown = f"{value:.4f} [{ci[0]:.4f}, {ci[1]:.4f}]"
         else:
-            outcome = "pass" if loss <= loss_limit else "fail"
+            outcome = bar_outcome(Interval(value, value, value), limit, larger_is_worse=larger_is_worse)
             shown = f"{value:.4f} (no interval)"
         sign = "<=" if larger_is_worse else ">="
         out.append(_check(bar, metric, "agreement", outcome, f"{metric} {shown} vs bar {sign} {limit:.4f}: {outcome}",

@@ -93,8 +93,8 @@ def outcomes(entry: dict[str, Any], kl_mean_max: float | None, top1_min: float |
         out["kl_mean"] = bar_outcome(Interval(entry["kl_mean"], lo, hi), kl_mean_max)
     if top1_min is not None and "top1_agreement_ci95" in entry:
         lo, hi = entry["top1_agreement_ci95"]
-        # Lower agreement is worse: compare the disagreement rate with 1 - bar.
-        out["top1_agreement"] = bar_outcome(Interval(1 - entry["top1_agreement"], 1 - hi, 1 - lo), 1 - top1_min)
+        out["top1_agreement"] = bar_outcome(Interval(entry["top1_agreement"], lo, hi), top1_min,
+                                            larger_is_worse=False)
     return out or None
 
 
