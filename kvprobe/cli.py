@@ -125,12 +125,12 @@ def _open_run(out: Path | None, resume: Path | None, config, probes: str | None)
 def _report(run: RunDir, verdict: dict) -> None:
     """Render report.md/report.html and print the decisions and where everything is."""
     from kvprobe.report.terminal import verdict_tables
-    from kvprobe.report.write import render_reports, signature_info
+    from kvprobe.report.write import render_reports
 
     rendered = render_reports(run, verdict)
     for table in verdict_tables(verdict):
         out_console.print(table)
-    sig = signature_info(run)
+    sig = rendered.signature
     rec = verdict["recommendation"]
     out_console.print(f"[bold]recommendation: {rec['server']}[/bold] — {rec['reason']}", highlight=False)
     for name, d in verdict["decisions"].items():

@@ -99,7 +99,11 @@ def fingerprint(wire: bytes) -> str:
 
 def public_line(key: Ed25519PublicKey) -> str:
     """`ssh-ed25519 AAAA...`: the public key as it appears in .pub and allowed_signers files."""
-    return f"{KEY_TYPE} {base64.b64encode(public_wire(key)).decode()}"
+    return _line_of_wire(public_wire(key))
+
+
+def _line_of_wire(wire: bytes) -> str:
+    return f"{KEY_TYPE} {base64.b64encode(wire).decode()}"
 
 
 def _signed_data(namespace: str, hash_alg: str, message: bytes) -> bytes:
@@ -133,7 +137,7 @@ class ParsedSignature:
 
     @property
     def public_line(self) -> str:
-        return f"{KEY_TYPE} {base64.b64encode(self.public_wire).decode()}"
+        return _line_of_wire(self.public_wire)
 
 
 def parse_signature(armored: str) -> ParsedSignature:
@@ -384,15 +388,13 @@ def load_signing_key(path: str | Path | None = None) -> SigningKey:
 def load_allowed_signers(path: str | Path | None = None) -> tuple[list[AllowedSigner], str]:
     """The allowed signers from --allowed-signers, else $KVPROBE_ALLOWED_SIGNERS, else the file beside
     the default key; a missing list is an error, since a signature from anyone is no evidence."""
-    candidates: list[tuple[Path, str]] = []
     if path is not None:
-        candidates.append((Path(path), f"--allowed-signers {path}"))
+        file, source = Path(path), f"--allowed-signers {path}"
     elif env := os.environ.get(ALLOWED_SIGNERS_ENV):
-        candidates.append((Path(env), f"{ALLOWED_SIGNERS_ENV}={env}"))
+        file, source = Path(env), f"{ALLOWED_SIGNERS_ENV}={env}"
     else:
-        default = default_allowed_signers()
-        candidates.append((default, str(default)))
-    file, source = candidates[0]
+        file = default_allowed_signers()
+        source = str(file)
     try:
         text = file.read_text()
     except FileNotFoundError:

@@ -17,6 +17,7 @@ class Rendered:
     html: Path
     plots: list[Path] = field(default_factory=list)
     absent: list[str] = field(default_factory=list)  # plots not drawn, and why
+    signature: dict[str, Any] | None = None  # who signed verdict.json (signature_info)
 
 
 def signature_info(run: RunDir) -> dict[str, Any] | None:
@@ -60,4 +61,4 @@ def render_reports(run: RunDir, verdict: dict[str, Any]) -> Rendered:
     md_path = run.write_text("report.md", markdown.render(verdict, md_plots, signature))
     html_path = run.write_text("report.html", html.render(verdict, drawn, signature))
     return Rendered(md_path, html_path, [d["path"] for d in drawn if d["path"]],
-                    [f"{d['title']}: {d['absent']}" for d in drawn if not d["path"]])
+                    [f"{d['title']}: {d['absent']}" for d in drawn if not d["path"]], signature)
