@@ -189,6 +189,15 @@ def case_key(case: dict[str, Any]) -> tuple[str, ...]:
     return tuple(parts)
 
 
+def runs_by_case(cases: list[dict[str, Any]]) -> dict[tuple[str, ...], list[dict[str, Any]]]:
+    """Every run of each load case (a case's own repeats when it lists them, else the case itself),
+    grouped by case_key."""
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
+    for case in cases:
+        groups[case_key(case)] += case.get("repeats") or [case]
+    return groups
+
+
 def _samples(cases: list[dict[str, Any]], key: str) -> list[float]:
     """One value per run of a case: a case's own repeats when it lists them, else each listed case."""
     out: list[float] = []

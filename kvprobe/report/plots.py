@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from kvprobe.store import RunDir
-from kvprobe.verdict import case_key, natural_order
+from kvprobe.verdict import natural_order, runs_by_case
 
 COLORS = {"reference": "#1f77b4", "adopt": "#2ca02c", "reject": "#d62728", "inconclusive": "#ff9f1c",
           "no_gain": "#7f7f7f", "invalid": "#9467bd", "broken": "#252525",
@@ -124,11 +124,10 @@ def load_chart(v: dict[str, Any]) -> bytes | None:
         return None
     series: dict[str, dict[tuple[str, ...], list[float]]] = {}
     for name in v["order"]:
-        groups: dict[tuple[str, ...], list[float]] = defaultdict(list)
-        for case in ((probe.get("servers") or {}).get(name) or {}).get("cases") or []:
-            for run in case.get("repeats") or [case]:
-                if isinstance(run.get("output_tokens_per_s"), int | float):
-                    groups[case_key(case)].append(float(run["output_tokens_per_s"]))
+        runs = runs_by_case(((probe.get("servers") or {}).get(name) or {}).get("cases") or [])
+        groups = {key: tps for key, rs in runs.items()
+                  if (tps := [float(r["output_tokens_per_s"]) for r in rs
+                              if isinstance(r.get("output_tokens_per_s"), int | float)])}
         if groups:
             series[name] = groups
     if not series:

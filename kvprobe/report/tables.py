@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from kvprobe.verdict import case_key, natural_order, pct  # the grouping and wording the decisions use
+from kvprobe.verdict import natural_order, pct, runs_by_case  # the grouping and wording the decisions use
 
 
 @dataclass
@@ -150,11 +149,7 @@ def load_table(v: dict[str, Any]) -> TableData | None:
                                                        "TTFT p99", "ITL p99", "E2E p99", "KV usage max",
                                                        "preemptions"])
     for name in v["order"]:
-        cases = ((probe.get("servers") or {}).get(name) or {}).get("cases") or []
-        groups: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
-        for case in cases:
-            for run in case.get("repeats") or [case]:
-                groups[case_key(case)].append(run | {k: case.get(k) for k in ("agents",) if k not in run})
+        groups = runs_by_case(((probe.get("servers") or {}).get(name) or {}).get("cases") or [])
         for key in sorted(groups, key=natural_order):
             rows = groups[key]
 
