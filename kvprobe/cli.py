@@ -16,6 +16,7 @@ from kvprobe.client import Client
 from kvprobe.config import Server, load_config
 from kvprobe.errors import EXIT_CANNOT_RUN, ConfigError, KvprobeError
 from kvprobe.inventory import take_inventories
+from kvprobe.report.platform_text import platform_json
 from kvprobe.report.terminal import audit_table, capacity_table
 from kvprobe.store import RunDir
 
@@ -80,7 +81,7 @@ def audit(urls: tuple[str, ...], as_json: bool, api_key_env: str | None, no_smok
                 "kv_cache_tokens_estimate": cap.estimate if cap else None,
                 "max_concurrency": cap.max_concurrency if cap else None, "kv_usage": inv.kv_usage,
                 "healthy": inv.healthy, "smoke_ok": inv.smoke.ok if inv.smoke else None,
-                "smoke": inv.smoke and inv.smoke.__dict__, "warnings": inv.warnings,
+                "smoke": inv.smoke and inv.smoke.__dict__, **platform_json(inv.platform), "warnings": inv.warnings,
             })
         click.echo(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode())
     else:

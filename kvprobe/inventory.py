@@ -15,6 +15,7 @@ from typing import Any, Literal
 from kvprobe.client import Client
 from kvprobe.corpus import filler_ids, filler_text
 from kvprobe.errors import AuthError, KvprobeError, ServerError, Unreachable
+from kvprobe.platform import Platform, platform_from_system_env
 from kvprobe.scrape import Capacity, parse_metrics
 
 Status = Literal["ok", "unreachable", "unauthorized", "broken"]
@@ -49,6 +50,7 @@ class Inventory:
     kv_usage: float | None = None
     has_tokenize: bool = False
     server_info: dict[str, Any] | None = None  # flattened engine config (dev mode only), no secrets
+    platform: Platform | None = None  # None: no /server_info, the platform is not exposed
     smoke: Smoke | None = None
     warnings: list[str] = field(default_factory=list)
     metrics_text: str | None = field(default=None, repr=False)
@@ -79,6 +81,7 @@ class Inventory:
             data["capacity"] = Capacity(**data["capacity"])
         if data.get("smoke"):
             data["smoke"] = Smoke(**data["smoke"])
+        data["platform"] = Platform.from_dict(data.get("platform"))
         return cls(**data)
 
 
@@ -131,6 +134,7 @@ async def take_inventory(
         await _read_metrics(client, inv)
         if (info := await client.server_info()) is not None:
             inv.server_info = engine_facts(info)
+            inv.platform = platform_from_system_env(info.get("system_env"))
         try:
             await client.tokenize(prompt="kvprobe")
             inv.has_tokenize = True
@@ -160,9 +164,8 @@ async def take_inventory(
 
 
 # Only these machine facts are kept from /server_info's system_env: env_vars and pip lists can carry
-# secrets or noise, and a host name is not a setting.
-_SYSTEM_FACTS = ("vllm_version", "torch_version", "cuda_runtime_version", "nvidia_driver_version",
-                 "nvidia_gpu_models", "hip_runtime_version", "rocm_version")
+# secrets or noise, and a host name is not a setting. The CPU and NVIDIA facts are in Inventory.platform.
+_SYSTEM_FACTS = ("vllm_version", "torch_version", "hip_runtime_version", "rocm_version")
 
 
 def _flatten(obj: Any, prefix: str, out: dict[str, Any]) -> None:
@@ -178,10 +181,12 @@ def engine_facts(info: dict[str, Any]) -> dict[str, Any]:
     dropped (vLLM already leaves out env vars whose names contain KEY)."""
     out: dict[str, Any] = {}
     _flatten(info.get("vllm_config") or {}, "vllm_config", out)
-    for name, value in (info.get("vllm_env") or {}).items():
+    env = info.get("vllm_env")
+    for name, value in (env if isinstance(env, dict) else {}).items():
         if not any(word in name for word in ("KEY", "TOKEN", "SECRET", "PASSWORD")):
             out[f"vllm_env.{name}"] = value
-    system = info.get("system_env") or {}
+    system = info.get("system_env")
+    system = system if isinstance(system, dict) else {}
     for name in _SYSTEM_FACTS:
         if name in system:
             out[f"system.{name}"] = system[name]

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvprobe.inventory import Inventory
+from kvprobe.platform import Platform, platform_facts
 
 # cache_config_info labels that follow from cache_dtype (vllm-interface.md §1, pinning recipe step 4),
 # plus `engine`, which is the data-parallel index, not a setting.
@@ -28,10 +29,17 @@ class Difference:
 
     @property
     def text(self) -> str:
-        return f"{self.field}: " + " ".join(f"{name}={value}" for name, value in self.values.items())
+        return f"{self.field}: " + " ".join(f"{name}={_show(value)}" for name, value in self.values.items())
 
     def to_dict(self) -> dict[str, Any]:
         return {"field": self.field, "values": self.values, "text": self.text}
+
+
+def _show(value: Any) -> str:
+    # A list (platform.isa) as one space-free word: the text separates servers by spaces.
+    if isinstance(value, list):
+        return ",".join(map(str, value)) or "(none)"
+    return str(value)
 
 
 @dataclass
@@ -39,6 +47,8 @@ class PinCheck:
     valid: bool
     differences: dict[str, list[Difference]] = field(default_factory=dict)  # candidate -> differences
     unchecked: list[str] = field(default_factory=list)
+    # The platform of every server compared (None: not exposed), kept so a report shows what was compared.
+    platforms: dict[str, Platform | None] = field(default_factory=dict)
 
     def candidate_valid(self, name: str) -> bool:
         return not self.differences.get(name)
@@ -52,6 +62,7 @@ class PinCheck:
             "differences": [d.to_dict() for d in self.all_differences()],
             "by_candidate": {k: [d.to_dict() for d in v] for k, v in self.differences.items()},
             "unchecked": self.unchecked,
+            "platforms": {k: p.to_dict() if p else None for k, p in self.platforms.items()},
         }
 
 
@@ -107,7 +118,30 @@ def _facts(inv: Inventory) -> dict[str, Any]:
     for key, value in (inv.server_info or {}).items():
         if not _engine_key_allowed(key):
             facts[f"server_info.{key}"] = value
+    if inv.platform is not None:
+        facts.update(platform_facts(inv.platform))
     return facts
+
+
+# Read from lscpu text, where None means "could not read", not a value: never compared. The NVIDIA
+# facts are None on a machine without a GPU, a value like any other.
+_CPU_FACTS = frozenset({"platform.cpu_model", "platform.cpu_family", "platform.cpu_model_number", "platform.isa"})
+
+
+def _comparable(key: str, reference: Inventory, cand: Inventory, ref: dict[str, Any], facts: dict[str, Any],
+                unchecked: list[str]) -> bool:
+    """Whether `key` can be compared; what cannot be is noted in `unchecked`, never taken as the same."""
+    if key == "fingerprint":
+        return key in ref and key in facts  # only known after a successful smoke
+    section = key.partition(".")[0]
+    if section in ("cache_config", "server_info", "platform") and (
+            getattr(reference, section) is None or getattr(cand, section) is None):
+        return False  # noted once per server by check_pin
+    if key in _CPU_FACTS:
+        unknown = [inv.name for inv, f in ((reference, ref), (cand, facts)) if f.get(key) is None]
+        unchecked += [f"{name}: {key} not in its /server_info cpu_info, not compared" for name in unknown]
+        return not unknown
+    return True
 
 
 def check_pin(reference: Inventory, candidates: list[Inventory]) -> PinCheck:
@@ -121,21 +155,18 @@ def check_pin(reference: Inventory, candidates: list[Inventory]) -> PinCheck:
         facts = _facts(cand)
         diffs = []
         for key in sorted(set(ref) | set(facts)):
-            if key == "fingerprint" and (key not in ref or key not in facts):
-                continue  # only known after a successful smoke
-            if key.startswith("cache_config.") and (reference.cache_config is None or cand.cache_config is None):
-                continue
-            if key.startswith("server_info.") and (reference.server_info is None or cand.server_info is None):
-                continue
-            if ref.get(key) != facts.get(key):
+            if _comparable(key, reference, cand, ref, facts, result.unchecked) and ref.get(key) != facts.get(key):
                 diffs.append(Difference(key, {reference.name: ref.get(key), cand.name: facts.get(key)}))
         result.differences[cand.name] = diffs
         for inv in (reference, cand):
+            result.platforms[inv.name] = inv.platform
             if inv.cache_config is None:
                 result.unchecked.append(f"{inv.name}: no vllm:cache_config_info, cache settings not compared")
             if inv.server_info is None:
                 result.unchecked.append(f"{inv.name}: no /server_info (VLLM_SERVER_DEV_MODE=1 shows it), "
                                         "engine settings beyond /metrics not compared")
+            elif inv.platform is None:
+                result.unchecked.append(f"{inv.name}: no platform facts, CPU and GPU platform not compared")
     result.unchecked = sorted(set(result.unchecked))
     result.valid = not result.all_differences()
     return result

@@ -103,3 +103,24 @@ class MultiReplay:
 
     def transport(self) -> httpx.MockTransport:
         return httpx.MockTransport(self)
+
+
+DEV_FIXTURES = Path(__file__).parent / "fixtures" / "vllm-cpu-dev"
+
+
+def dev_server_info(name: str) -> dict:
+    """A real /server_info?config_format=json from a dev-mode server (`auto` or `fp8`)."""
+    return json.loads((DEV_FIXTURES / f"server_info-{name}.json").read_text())
+
+
+def on_avx2(info: dict) -> dict:
+    """The same capture as the AVX2 hosts look (AMD EPYC family 25 model 1): no avx512*/amx* flags."""
+    lines = []
+    for line in info["system_env"]["cpu_info"].splitlines():
+        key, _, value = line.partition(":")
+        if key == "Model":
+            line = f"{key}:{' ' * 35}1"
+        elif key == "Flags":
+            line = f"{key}: " + " ".join(f for f in value.split() if not f.startswith(("avx512", "amx")))
+        lines.append(line)
+    return {**info, "system_env": {**info["system_env"], "cpu_info": "\n".join(lines)}}

@@ -103,3 +103,27 @@ async def test_one_failing_server_does_not_stop_the_others() -> None:
     invs = await take_inventories(clients)
     assert [i.status for i in invs] == ["ok", "ok", "unreachable"]
     assert invs[1].capacity.kv_cache_tokens == 2 * invs[0].capacity.kv_cache_tokens
+
+
+async def test_a_dev_mode_server_exposes_its_platform_and_it_round_trips() -> None:
+    from replay import dev_server_info
+
+    replay = Replay("auto-8101")
+    replay.routes[("GET", "/server_info")] = lambda r: httpx.Response(200, json=dev_server_info("auto"))
+    inv = await inventory_of(replay, run_smoke=False)
+    assert inv.platform.cpu_model == "AMD EPYC" and inv.platform.isa == ["avx2", "avx512_bf16", "avx512_vnni",
+                                                                           "avx512f"]
+    # One fact, one place: the GPU facts are in the platform, not repeated as server_info.system.*.
+    assert sorted(k for k in inv.server_info if k.startswith("system.")) == [
+        "system.hip_runtime_version", "system.rocm_version", "system.torch_version", "system.vllm_version"]
+    again = Inventory.from_dict(json.loads(json.dumps(inv.to_dict())))
+    assert again.platform == inv.platform and again.to_dict() == inv.to_dict()
+
+
+async def test_without_server_info_the_platform_is_not_exposed() -> None:
+    inv = await inventory_of(Replay("auto-8101"), run_smoke=False)
+    assert inv.server_info is None and inv.platform is None
+    assert inv.to_dict()["platform"] is None and Inventory.from_dict(inv.to_dict()).platform is None
+    old = inv.to_dict()
+    del old["platform"]  # an inventory written before platforms were read
+    assert Inventory.from_dict(old).platform is None

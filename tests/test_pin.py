@@ -129,3 +129,58 @@ def test_local_paths_and_addresses_in_the_engine_env_do_not_count() -> None:
     b = inv("fp8", "fp8-8102", "metrics_fresh", server_info=engine_facts(fp8))
     assert [d.text for d in check_pin(a, [b]).all_differences()] == [
         "server_info.vllm_env.VLLM_CPU_KVCACHE_SPACE: auto=1 fp8=2"]
+
+
+def dev_inv(name: str, server: str, info: dict | None) -> Inventory:
+    from kvprobe.inventory import engine_facts
+    from kvprobe.platform import platform_from_system_env
+
+    if info is None:
+        return inv(name, server, "metrics_fresh")
+    return inv(name, server, "metrics_fresh", server_info=engine_facts(info),
+               platform=platform_from_system_env(info["system_env"]))
+
+
+def test_an_avx2_host_is_a_moving_baseline_named_by_its_isa() -> None:
+    from replay import on_avx2
+
+    a = dev_inv("auto", "auto-8101", server_info("auto"))
+    b = dev_inv("fp8", "fp8-8102", on_avx2(server_info("fp8")))
+    pin = check_pin(a, [b])
+    assert not pin.valid and not pin.candidate_valid("fp8")
+    assert [d.text for d in pin.all_differences()] == [
+        "platform.cpu_model_number: auto=17 fp8=1",
+        "platform.isa: auto=avx2,avx512_bf16,avx512_vnni,avx512f fp8=avx2",
+    ]
+    (isa,) = [d for d in pin.to_dict()["differences"] if d["field"] == "platform.isa"]
+    assert isa["values"] == {"auto": ["avx2", "avx512_bf16", "avx512_vnni", "avx512f"], "fp8": ["avx2"]}
+    assert pin.to_dict()["platforms"]["fp8"]["isa"] == ["avx2"]
+
+
+def test_the_same_platform_is_no_difference_and_is_recorded() -> None:
+    pin = check_pin(dev_inv("auto", "auto-8101", server_info("auto")), [dev_inv("fp8", "fp8-8102", server_info("fp8"))])
+    assert pin.valid and pin.unchecked == []
+    platforms = pin.to_dict()["platforms"]
+    assert platforms["auto"] is not None and platforms["auto"] == platforms["fp8"]
+
+
+def test_a_platform_not_exposed_is_unchecked_never_the_same() -> None:
+    a = dev_inv("auto", "auto-8101", server_info("auto"))
+    b = dev_inv("fp8", "fp8-8102", None)
+    pin = check_pin(a, [b])
+    assert pin.valid and not any(d.field.startswith("platform.") for d in pin.all_differences())
+    assert pin.unchecked == ["fp8: no /server_info (VLLM_SERVER_DEV_MODE=1 shows it), "
+                             "engine settings beyond /metrics not compared"]
+    assert pin.to_dict()["platforms"] == {"auto": a.platform.to_dict(), "fp8": None}
+
+
+def test_unreadable_cpu_facts_are_unchecked_not_different() -> None:
+    garbled = server_info("fp8")
+    garbled["system_env"]["cpu_info"] = "Could not collect"
+    pin = check_pin(dev_inv("auto", "auto-8101", server_info("auto")), [dev_inv("fp8", "fp8-8102", garbled)])
+    assert pin.valid
+    assert "fp8: platform.isa not in its /server_info cpu_info, not compared" in pin.unchecked
+    # A server_info without platform facts (an inventory built by hand) is said so.
+    bare = inv("fp8", "fp8-8102", "metrics_fresh", server_info={})
+    pin = check_pin(dev_inv("auto", "auto-8101", server_info("auto")), [bare])
+    assert "fp8: no platform facts, CPU and GPU platform not compared" in pin.unchecked

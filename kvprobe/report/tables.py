@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from kvprobe.report.platform_text import recorded_platform_text
 from kvprobe.verdict import natural_order, pct, runs_by_case  # the grouping and wording the decisions use
 
 
@@ -62,18 +63,19 @@ def bars_table(v: dict[str, Any]) -> TableData:
 
 
 def servers_table(v: dict[str, Any]) -> TableData:
-    t = TableData("Servers", ["server", "role", "status", "version", "model", "max_model_len", "cache dtype",
-                              "KV tokens", "max concurrency", "smoke"])
+    t = TableData("Servers", ["server", "role", "status", "version", "platform", "model", "max_model_len",
+                              "cache dtype", "KV tokens", "max concurrency", "smoke"])
+    pin = v.get("pin") or {}
+    platforms = pin.get("platforms") or {}  # what the one-knob check compared; absent in older verdicts
     for name in v["order"]:
         s = v["servers"].get(name) or {}
         tokens = num(s.get("kv_cache_tokens")) + (" (est.)" if s.get("kv_cache_tokens_estimate") else "")
         smoke = "-" if s.get("smoke_ok") is None else (
             f"ok ({num(s.get('smoke_prompt_tokens'))} tokens)" if s.get("smoke_ok") else "failed")
         t.rows.append([name, s.get("role") or "-", s.get("status") or "-", s.get("version") or "-",
-                       s.get("model") or "-", num(s.get("max_model_len")), s.get("cache_dtype") or "-", tokens,
-                       num(s.get("max_concurrency"), ".1f"), smoke])
+                       recorded_platform_text(platforms, name), s.get("model") or "-", num(s.get("max_model_len")),
+                       s.get("cache_dtype") or "-", tokens, num(s.get("max_concurrency"), ".1f"), smoke])
         t.tags.append("broken" if s.get("status") not in (None, "ok") else None)
-    pin = v.get("pin") or {}
     if pin:
         diffs = [d["text"] for d in pin.get("differences") or []]
         t.note = ("One-knob check: " + ("valid: the servers differ only in KV dtype" if pin.get("valid")

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvprobe.inventory import Inventory
+from kvprobe.report.platform_text import platform_text
 
 
 def _num(value: Any, fmt: str = ",") -> str:
@@ -20,7 +21,7 @@ def _num(value: Any, fmt: str = ",") -> str:
 def audit_table(inventories: list[Inventory]) -> Table:
     table = Table(title="kvprobe audit", header_style="bold")
     for col in ("url", "version", "model", "max len", "cache dtype", "KV tokens", "est.", "max conc.",
-                "KV usage", "health", "smoke"):
+                "KV usage", "health", "smoke", "platform"):
         table.add_column(col, justify="right" if col in ("max len", "KV tokens", "max conc.", "KV usage") else "left")
     for inv in inventories:
         cap = inv.capacity
@@ -31,7 +32,7 @@ def audit_table(inventories: list[Inventory]) -> Table:
             inv.url, inv.version or "-", inv.model or "-", _num(inv.max_model_len), inv.cache_dtype or "-",
             _num(cap.kv_cache_tokens if cap else None), ("yes" if cap.estimate else "no") if cap else "-",
             _num(cap.max_concurrency if cap else None, ".1f"),
-            "-" if inv.kv_usage is None else f"{inv.kv_usage:.1%}", health, smoke,
+            "-" if inv.kv_usage is None else f"{inv.kv_usage:.1%}", health, smoke, platform_text(inv.platform),
         )
     return table
 

@@ -1,0 +1,48 @@
+"""A server's platform as the operator reads it: one line for tables, one shape for JSON."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any
+
+from kvprobe.platform import Platform
+
+NOT_EXPOSED = "platform not exposed"
+
+
+def _gpus(models: str) -> str:
+    """collect_env lists one `GPU n: name` line per device; eight identical lines read as `8x name`."""
+    names = Counter(re.sub(r"^GPU \d+:\s*", "", line.strip()) for line in models.splitlines() if line.strip())
+    return ", ".join(name if n == 1 else f"{n}x {name}" for name, n in names.items())
+
+
+def platform_text(platform: Platform | None) -> str:
+    """`AMD EPYC (25/17) avx2 avx512f`, then the GPUs if any; a missing fact reads `?`."""
+    if platform is None:
+        return NOT_EXPOSED
+    cpu = platform.cpu_model or "CPU ?"
+    if platform.cpu_family is not None or platform.cpu_model_number is not None:
+        family, model = (("?" if x is None else str(x)) for x in (platform.cpu_family, platform.cpu_model_number))
+        cpu += f" ({family}/{model})"
+    isa = "ISA ?" if platform.isa is None else " ".join(platform.isa) or "no AVX2/AVX-512/AMX"
+    parts = [f"{cpu} {isa}"]
+    if platform.nvidia_gpu_models:
+        # The CUDA runtime is reported even by CPU-only builds; it only says something next to a GPU.
+        versions = [f"{label} {value}" for label, value in (("driver", platform.nvidia_driver_version),
+                                                            ("CUDA", platform.cuda_runtime_version)) if value]
+        parts.append(_gpus(platform.nvidia_gpu_models) + (f" ({', '.join(versions)})" if versions else ""))
+    return "; ".join(parts)
+
+
+def platform_json(platform: Platform | None) -> dict[str, Any]:
+    """`platform` (the facts, or null) and `platform_note` (null, or why there are no facts)."""
+    return {"platform": platform.to_dict() if platform else None,
+            "platform_note": None if platform else NOT_EXPOSED}
+
+
+def recorded_platform_text(platforms: dict[str, Any], name: str) -> str:
+    """A platform the one-knob check recorded (verdict `pin.platforms`); `-` for a server it did not compare."""
+    if name not in platforms:
+        return "-"
+    return platform_text(Platform.from_dict(platforms[name]))

@@ -1,0 +1,60 @@
+"""`kvprobe audit` on replayed captures: one dev-mode server (with /server_info) and one without."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import httpx
+import pytest
+from click.testing import CliRunner
+from replay import MultiReplay, Replay, dev_server_info
+from rich.console import Console
+
+from kvprobe import cli
+from kvprobe.client import Client
+from kvprobe.inventory import take_inventories
+from kvprobe.report.terminal import audit_table
+
+DEV, PLAIN = "http://127.0.0.1:8101", "http://127.0.0.1:8102"
+
+
+def servers() -> MultiReplay:
+    dev = Replay("auto-8101")
+    dev.routes[("GET", "/server_info")] = lambda r: httpx.Response(200, json=dev_server_info("auto"))
+    return MultiReplay({"127.0.0.1:8101": dev, "127.0.0.1:8102": Replay("fp8-8102")})
+
+
+@pytest.fixture
+def replayed(monkeypatch: pytest.MonkeyPatch) -> None:
+    multi = servers()
+
+    def client(name: str, url: str, **kw: Any) -> Client:
+        return Client(name, url, transport=multi.transport(), backoff_s=0, **kw)
+
+    monkeypatch.setattr(cli, "Client", client)
+
+
+def test_audit_json_has_a_platform_or_says_it_is_not_exposed(replayed: None) -> None:
+    result = CliRunner().invoke(cli.main, ["audit", "--json", "--no-smoke", DEV, PLAIN], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    dev, plain = json.loads(result.stdout)
+    assert dev["platform"] == {"cpu_model": "AMD EPYC", "cpu_family": 25, "cpu_model_number": 17,
+                               "isa": ["avx2", "avx512_bf16", "avx512_vnni", "avx512f"], "nvidia_gpu_models": None,
+                               "nvidia_driver_version": None, "cuda_runtime_version": "13.0.88"}
+    assert dev["platform_note"] is None
+    assert plain["platform"] is None and plain["platform_note"] == "platform not exposed"
+
+
+async def test_audit_table_shows_each_platform() -> None:
+    multi = servers()
+    clients = [Client(u, u, transport=multi.transport(), backoff_s=0) for u in (DEV, PLAIN)]
+    inventories = await take_inventories(clients, run_smoke=False)
+    for c in clients:
+        await c.aclose()
+    out = io.StringIO()
+    Console(file=out, width=400, color_system=None).print(audit_table(inventories))
+    dev_line, plain_line = (next(line for line in out.getvalue().splitlines() if url in line) for url in (DEV, PLAIN))
+    assert "AMD EPYC (25/17) avx2 avx512_bf16 avx512_vnni avx512f" in dev_line
+    assert "platform not exposed" in plain_line and "EPYC" not in plain_line
