@@ -40,7 +40,8 @@ class Server(_Strict):
     timeout_s: float = Field(600.0, gt=0)
     headers: dict[str, str] = Field(default_factory=dict)
     model: str | None = Field(None, description="model id to request; default: the first of /v1/models")
-    tokenizer: str | None = Field(None, description="local tokenizer path when the server has no /tokenize")
+    tokenizer: str | None = Field(None, description="local tokenizer path for a server without /tokenizer_info "
+                                                    "(default: its /v1/models root, when on this disk)")
 
     @field_validator("url")
     @classmethod

@@ -123,7 +123,8 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
     if max_model_len < 3:
         raise ConfigError([f"{n}: max_model_len unknown (/v1/models has none): agreement needs it" for n in names
                            if not ctx.inventories[n].max_model_len])
-    targets = await targets_for(ctx, names, max_model_len, ctx.config.perplexity.num_concurrent)
+    # The same tokenizer choice (and check) as perplexity: the passages become the same ids.
+    targets = await targets_for(ctx, names, max_model_len, ctx.config.perplexity.num_concurrent, "agreement")
     if ref not in targets:
         ctx.run.write_json("agreement.json", {})
         return {}

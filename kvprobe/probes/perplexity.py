@@ -71,8 +71,10 @@ async def tokenized_passages(ctx: EvalContext, probe: str, target: Target, task:
     return passages, prefix, ids
 
 
-async def targets_for(ctx: EvalContext, names: list[str], max_length: int, num_concurrent: int) -> dict[str, Target]:
-    """lm-eval settings per server; a server without a usable tokenizer is a config error."""
+async def targets_for(ctx: EvalContext, names: list[str], max_length: int, num_concurrent: int,
+                      probe: str = "perplexity") -> dict[str, Target]:
+    """lm-eval settings per server (perplexity and agreement share them, so both tokenize alike); a
+    server without a usable tokenizer, or with a local one that is not the server's, is a config error."""
     from kvprobe.quality import lmeval
 
     servers = {s.name: s for s in ctx.config.servers}
@@ -84,13 +86,45 @@ async def targets_for(ctx: EvalContext, names: list[str], max_length: int, num_c
                 raise info
             ctx.mark_broken(name, f"/tokenizer_info: {one_line(info)}")
             continue
-        server = servers[name]
-        out[name] = lmeval.Target(
-            name=name, url=server.url, model=ctx.inventories[name].model or ctx.clients[name].model or "",
-            max_length=max_length, tokenizer=lmeval.choose_tokenizer(name, info is not None, server.tokenizer),
+        server, inv = servers[name], ctx.inventories[name]
+        tokenizer = lmeval.choose_tokenizer(name, info is not None, server.tokenizer, inv.model_root, inv.has_tokenize)
+        target = lmeval.Target(
+            name=name, url=server.url, model=inv.model or ctx.clients[name].model or "",
+            max_length=max_length, tokenizer=tokenizer,
             num_concurrent=num_concurrent, timeout_s=server.timeout_s, api_key=server.api_key(),
             headers=dict(server.headers))
+        # An unchecked local tokenizer only where the server cannot be asked (servers.toml's path on a
+        # server without /tokenize: the operator vouched for it); choose_tokenizer never picks the
+        # model root there.
+        if tokenizer.backend == "huggingface" and inv.has_tokenize and not await _matches_server(ctx, target):
+            continue
+        if tokenizer.from_root:
+            ctx.console.print(f"{probe}: {name} has no /tokenizer_info: tokenizing with the model's own files "
+                              f"at {tokenizer.path} (its /v1/models root; same ids as its /tokenize)")
+        out[name] = target
     return out
+
+
+async def _matches_server(ctx: EvalContext, target: Target) -> bool:
+    """check_match on CHECK_TEXT (raises ConfigError on a mismatch); False, with the server marked
+    broken, when its /tokenize fails."""
+    from kvprobe.errors import ConfigError
+    from kvprobe.quality import lmeval
+
+    path = target.tokenizer.path
+    try:
+        with lmeval.quiet():
+            local = await asyncio.to_thread(lmeval.encode, target, lmeval.CHECK_TEXT)
+    except (OSError, ValueError) as exc:  # what transformers raises for a folder it cannot load
+        raise ConfigError([f"{target.name}: cannot load the tokenizer at {path} ({target.tokenizer.origin()}): "
+                           f"{one_line(exc)}"]) from None
+    try:
+        remote = await ctx.clients[target.name].tokenize(prompt=lmeval.CHECK_TEXT, add_special_tokens=False)
+    except ServerError as exc:
+        ctx.mark_broken(target.name, f"/tokenize: {one_line(exc)}")
+        return False
+    lmeval.check_match(target.name, target.tokenizer, local, remote)
+    return True
 
 
 def settings_key(task: str, limit: int | None, max_length: int, prefix: int | None, digest: str) -> str:

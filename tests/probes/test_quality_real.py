@@ -22,7 +22,7 @@ from aiohttp import ClientSession, web
 from rich.console import Console
 
 from kvprobe.config import parse_config
-from kvprobe.errors import EXIT_BAR_FAILED, EXIT_BROKEN, EXIT_OK, ConfigError
+from kvprobe.errors import EXIT_BAR_FAILED, EXIT_BROKEN, EXIT_OK
 from kvprobe.evaluation import EvalOutcome, run_eval_sync
 from kvprobe.servers import NEEDLE_LLAMA
 from kvprobe.servers.launcher import free_port
@@ -277,13 +277,14 @@ def test_server_without_tokenizer_info_uses_the_tokenizer_path(vllm_servers, tmp
         by_server = {s: [(d["tokens"], d["bytes"]) for d in docs if d["server"] == s] for s in ("auto", "fp8")}
         assert by_server["auto"] == by_server["fp8"]
 
-        # Without the path: one line that says what to fix.
+        # Without the path: the model's own files at its /v1/models root (the server runs on this
+        # machine), checked against its /tokenize. (Roots not on this disk: tests/probes/test_perplexity_tokenizer.py.)
         servers[1].pop("tokenizer")
-        with pytest.raises(ConfigError) as err:
-            run_eval_sync(_config(servers, perplexity={"limit": 2}), RunDir.create(tmp_path / "b"),
-                          ["perplexity"], Console(stderr=True))
-        (line,) = err.value.problems
-        assert "--enable-tokenizer-info-endpoint" in line and "servers.toml" in line
+        outcome = run_eval_sync(_config(servers, perplexity={"limit": 1}), RunDir.create(tmp_path / "b"),
+                                ["perplexity"], Console(stderr=True))
+        assert outcome.exit_code == EXIT_OK, outcome.messages
+        root = outcome.ctx.inventories["fp8"].model_root
+        assert outcome.ctx.results["perplexity"]["tokenizers"]["fp8"] == f"local {root} (model root from /v1/models)"
 
 
 def test_server_failing_mid_probe_is_marked_broken_and_the_others_finish(

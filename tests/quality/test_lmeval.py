@@ -6,13 +6,15 @@ logprob of -1, so every number that comes back is known in advance.
 
 from __future__ import annotations
 
+import json
 import math
 import re
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from replay import Replay
+from replay import Replay, capture
 
 from kvprobe.client import Client
 from kvprobe.errors import ConfigError
@@ -55,8 +57,9 @@ def scorer(monkeypatch: pytest.MonkeyPatch) -> FakeScorer:
 
 
 def _target(max_length: int, **kw: Any) -> lmeval.Target:
+    kw.setdefault("tokenizer", TOKENIZER)
     return lmeval.Target(name="t", url="http://127.0.0.1:9", model="needle-llama", max_length=max_length,
-                         tokenizer=TOKENIZER, num_concurrent=3, **kw)
+                         num_concurrent=3, **kw)
 
 
 def _requests(texts: list[str]) -> list[Any]:
@@ -124,6 +127,74 @@ def test_tokenizer_choice():
     assert "--enable-tokenizer-info-endpoint" in line and "tokenizer = " in line and "'fp8'" in line
     with pytest.raises(ConfigError, match="does not exist"):
         lmeval.choose_tokenizer("fp8", False, "/no/such/tokenizer")
+
+
+def test_no_tokenizer_info_uses_the_model_root_on_disk():
+    """vLLM's default (no --enable-tokenizer-info-endpoint): the files the server loaded, at its root."""
+    chosen = lmeval.choose_tokenizer("fp8", False, None, str(NEEDLE_LLAMA))
+    assert chosen == lmeval.Tokenizer("huggingface", str(NEEDLE_LLAMA), from_root=True)
+    assert chosen.describe() == f"local {NEEDLE_LLAMA} (model root from /v1/models)"
+    # The server's own tokenizer still comes first when it is offered.
+    assert lmeval.choose_tokenizer("fp8", True, None, str(NEEDLE_LLAMA)) == lmeval.Tokenizer("remote")
+
+
+def test_explicit_tokenizer_path_wins_over_the_model_root(tmp_path: Path):
+    assert lmeval.choose_tokenizer("fp8", False, str(NEEDLE_LLAMA), str(tmp_path)) == TOKENIZER
+    assert TOKENIZER.describe() == f"local {NEEDLE_LLAMA}"
+    # A wrong explicit path is its own error, even with a usable root: the operator's word is not overridden.
+    with pytest.raises(ConfigError) as err:
+        lmeval.choose_tokenizer("fp8", False, "/no/such/tokenizer", str(NEEDLE_LLAMA))
+    assert err.value.problems == ["servers.toml: server 'fp8': tokenizer path /no/such/tokenizer does not exist"]
+
+
+@pytest.mark.parametrize(("root", "why"), [
+    ("/models/tiny-llama-elsewhere", "its model root /models/tiny-llama-elsewhere (/v1/models) is not on this "
+                                     "machine's disk"),
+    ("org/tiny-llama", "its model root 'org/tiny-llama' (/v1/models) is not a path on this machine"),
+    (None, "/v1/models gives no model root"),
+])
+def test_root_not_on_disk_is_one_line_naming_the_server_the_root_and_the_fix(root: str | None, why: str):
+    with pytest.raises(ConfigError) as err:
+        lmeval.choose_tokenizer("fp8", False, None, root)
+    (line,) = err.value.problems
+    assert line.startswith("fp8: no /tokenizer_info endpoint, no tokenizer path, and ")
+    assert why in line
+    assert "--enable-tokenizer-info-endpoint" in line and "tokenizer = \"/path/to/model\" for 'fp8'" in line
+    assert line.endswith("in servers.toml")
+
+
+def test_root_without_tokenizer_files_or_unchecked_is_not_used(tmp_path: Path):
+    (tmp_path / "config.json").write_text("{}")  # weights and config, but no tokenizer
+    with pytest.raises(ConfigError, match=r"fp8: .*holds no tokenizer\.json or tokenizer_config\.json"):
+        lmeval.choose_tokenizer("fp8", False, None, str(tmp_path))
+    # Without /tokenize nothing can vouch that the same path holds the same files here.
+    with pytest.raises(ConfigError, match=r"fp8: .*cannot be checked \(no /tokenize\)"):
+        lmeval.choose_tokenizer("fp8", False, None, str(NEEDLE_LLAMA), has_tokenize=False)
+    # The operator's path is used as before on such a server.
+    assert lmeval.choose_tokenizer("fp8", False, str(NEEDLE_LLAMA), None, has_tokenize=False) == TOKENIZER
+
+
+def test_local_encoding_is_the_servers_on_the_check_text():
+    """needle-llama's tokenizer gives exactly what real vLLM's /tokenize answered for CHECK_TEXT."""
+    request = json.loads(capture("auto-8101", "tokenize_prompt_nospecial.request"))["body"]
+    assert request["prompt"] == lmeval.CHECK_TEXT and request["add_special_tokens"] is False
+    served = json.loads(capture("auto-8101", "tokenize_prompt_nospecial"))["tokens"]
+    root = lmeval.Tokenizer("huggingface", str(NEEDLE_LLAMA), from_root=True)
+    local = lmeval.encode(_target(8192, tokenizer=root), lmeval.CHECK_TEXT)
+    assert local == served
+    lmeval.check_match("fp8", root, local, served)  # no error
+
+
+def test_mismatch_is_one_line_naming_the_server_and_the_tokenizer():
+    root = lmeval.Tokenizer("huggingface", "/models/other", from_root=True)
+    with pytest.raises(ConfigError) as err:
+        lmeval.check_match("fp8", root, [1, 2, 3, 4], [1, 2, 9])
+    (line,) = err.value.problems
+    assert line.startswith("fp8: the tokenizer at /models/other (the model root /v1/models reports) is not the "
+                           "server's: a probe string is 4 tokens here, 3 on its /tokenize, first different at token 2")
+    assert "--enable-tokenizer-info-endpoint" in line and "for 'fp8' in servers.toml" in line
+    with pytest.raises(ConfigError, match=r"fp8: the tokenizer at /t \(tokenizer in servers.toml\).*at token 2"):
+        lmeval.check_match("fp8", lmeval.Tokenizer("huggingface", "/t"), [1, 2], [1, 2, 3])
 
 
 async def test_tokenizer_info_absent_is_none_present_is_a_dict():
