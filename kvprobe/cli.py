@@ -143,13 +143,15 @@ def _report(run: RunDir, verdict: dict) -> None:
                       soft_wrap=True)
 
 
-def _run(config, run: RunDir, probe_list: list[str], key: Path | None, resume: bool):  # -> EvalOutcome
+def _run(config, run: RunDir, probe_list: list[str], key: Path | None, resume: bool,
+         left_out: list[dict[str, str]] | None = None):  # -> EvalOutcome
     from kvprobe.evaluation import run_eval_sync
 
     signing_key = _signing_key(key)
     err_console.print(f"run directory: [bold]{run.path}[/bold]" + (" (resumed)" if resume else ""))
     try:
-        outcome = run_eval_sync(config, run, probe_list, err_console, signing_key=signing_key, resume=resume)
+        outcome = run_eval_sync(config, run, probe_list, err_console, signing_key=signing_key, resume=resume,
+                                left_out=left_out)
     except KeyboardInterrupt:
         err_console.print(f"[yellow]interrupted:[/yellow] everything measured is in {run.path}; finish it with "
                           f"`kvprobe eval --servers FILE --resume {run.path}`", highlight=False, soft_wrap=True)
@@ -167,14 +169,14 @@ def _run(config, run: RunDir, probe_list: list[str], key: Path | None, resume: b
 
 
 def _evaluate(config_path: Path, out: Path | None, probes: str | None, resume: Path | None = None,
-              key: Path | None = None) -> None:
+              key: Path | None = None, left_out: list[dict[str, str]] | None = None) -> None:
     try:
         config = load_config(config_path)
         run, probe_list = _open_run(out, resume, config, probes)
     except ConfigError as exc:
         _fail(exc.problems)
     try:
-        outcome = _run(config, run, probe_list, key, resume is not None)
+        outcome = _run(config, run, probe_list, key, resume is not None, left_out)
     except ConfigError as exc:
         _fail(exc.problems)
     err_console.print(f"results in [bold]{run.path}[/bold]")
@@ -206,20 +208,27 @@ def eval_cmd(servers_file: Path, out: Path | None, resume: Path | None, probes: 
 @click.option("--stop", is_flag=True, help="stop the demo servers afterwards")
 @click.option("--key", type=click.Path(path_type=Path), default=None, help="signing key, as for eval")
 def demo(out: Path | None, probes: str | None, stop: bool, key: Path | None) -> None:
-    """Start three real local vLLM CPU servers (needle-llama; auto, fp8, int8_per_token_head) and
-    evaluate them with the repository's servers.toml."""
-    from kvprobe.servers import LaunchError, demo_specs, start_many, stop_all
-    from kvprobe.servers.launcher import PROJECT_ROOT
+    """Start the demo trio this CPU can run (real local vLLM CPU servers serving needle-llama, only the
+    KV dtype differs) and evaluate it. With AVX-512: auto, fp8, int8_per_token_head; on AVX2 only:
+    auto and bfloat16 KV on float32 weights, and fp8, which the engine refuses to start there."""
+    from kvprobe.demo import start_demo, write_servers_toml
+    from kvprobe.servers import LaunchError, stop_all
 
     err_console.print("starting the demo servers (first time: installs vLLM CPU, ~3 minutes)")
     try:
-        servers = start_many(demo_specs())
+        bed, started, left_out = start_demo()
     except LaunchError as exc:
         _fail([str(exc)])
-    for server in servers:
-        err_console.print(f"  {server.spec.kv_cache_dtype:>20} {server.url}" + (" (reused)" if server.reused else ""))
+    err_console.print(f"testbed: {bed.isa}" + (" (forced by KVPROBE_VLLM_NO_AVX512=1)" if bed.forced else ""),
+                      highlight=False)
+    for sc, server in started:
+        err_console.print(f"  {sc.name:>20} {server.url}  {sc.shows}" + (" (reused)" if server.reused else ""),
+                          highlight=False)
+    for row in left_out:
+        err_console.print(f"  [yellow]{row['name']} KV does not start on this CPU:[/yellow] {row['reason']}",
+                          highlight=False, soft_wrap=True)
     try:
-        _evaluate(PROJECT_ROOT / "servers.toml", out, probes, key=key)
+        _evaluate(write_servers_toml(started), out, probes, key=key, left_out=left_out)
     finally:
         if stop:
             stop_all()

@@ -130,7 +130,8 @@ def check_resume(config: Config, run: RunDir) -> dict[str, Any]:
     return meta
 
 
-def _write_run_json(run: RunDir, config: Config, probes: list[str], resume: bool) -> None:
+def _write_run_json(run: RunDir, config: Config, probes: list[str], resume: bool,
+                    left_out: list[dict[str, str]] | None = None) -> None:
     if resume and run.has("run.json"):
         meta = run.read_json("run.json")
         asked = set(meta.get("probes") or []) | set(probes)
@@ -143,6 +144,8 @@ def _write_run_json(run: RunDir, config: Config, probes: list[str], resume: bool
         "started": utc_now(),
         "probes": probes,
         "config": config.public_dict(),
+        # Servers meant for this comparison that could not be started (the demo says which and why).
+        **({"left_out": left_out} if left_out else {}),
     })
 
 
@@ -165,8 +168,9 @@ async def run_eval(
     *,
     signing_key: SigningKey | None = None,
     resume: bool = False,
+    left_out: list[dict[str, str]] | None = None,
 ) -> EvalOutcome:
-    _write_run_json(run, config, probes, resume)
+    _write_run_json(run, config, probes, resume, left_out)
     async with AsyncExitStack() as stack:
         clients = make_clients(config, transport)
         for client in clients.values():

@@ -427,7 +427,8 @@ def build_verdict(run: RunDir) -> dict[str, Any]:
                    "else inconclusive"},
         "kvprobe_version": __version__,
         "run": {"id": run.path.name, "started": meta.get("started"), "measured_by": meta.get("kvprobe_version"),
-                "probes_requested": meta.get("probes"), "resumed": meta.get("resumed") or [], **_times(run)},
+                "probes_requested": meta.get("probes"), "resumed": meta.get("resumed") or [],
+                "left_out": meta.get("left_out") or [], **_times(run)},
         **inputs,
     }
     verdict.update(decide(verdict))

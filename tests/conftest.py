@@ -1,5 +1,9 @@
 """Shared fixtures. Integration tests run against real vLLM CPU servers serving needle-llama,
-started by kvprobe's own launcher and reused across modules and sessions while they are fit."""
+started by kvprobe's own launcher and reused across modules and sessions while they are fit.
+
+Tests ask for scenarios, not dtypes (kvprobe.servers.testbed): "reference", "lossy_2x" (2x the tokens,
+wrecks quality), "lossless_2x" (2x, holds quality: AVX-512 only), "no_start", "no_gain". Which real
+server plays each depends on the CPU; `KVPROBE_VLLM_NO_AVX512=1` gives the AVX2 testbed anywhere."""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from kvprobe.servers import LocalServer, demo_specs, start_many, stop
+from kvprobe.servers import LaunchError, LocalServer, ServerSpec, Testbed, start_each, stop, testbed
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -34,17 +38,39 @@ def _started_ports() -> Iterator[set[int]]:
             stop(port)
 
 
+@pytest.fixture(scope="session")
+def bed() -> Testbed:
+    return testbed()
+
+
+@pytest.fixture(scope="session")
+def start_servers(_started_ports: set[int]):
+    """start_servers(specs) -> servers, all or none; every server it started is stopped at the end of
+    the session, also those started before another one failed."""
+
+    def go(specs: list[ServerSpec]) -> list[LocalServer]:
+        results = start_each(specs)
+        _started_ports.update(r.spec.port for r in results if isinstance(r, LocalServer) and not r.reused)
+        for r in results:
+            if isinstance(r, LaunchError):
+                raise r
+        return [r for r in results if isinstance(r, LocalServer)]
+
+    return go
+
+
 @pytest.fixture(scope="module")
-def vllm_servers(_started_ports: set[int]) -> dict[str, LocalServer]:
-    """The demo trio: kv-cache-dtype auto (:8101), fp8 (:8102), int8_per_token_head (:8103).
+def vllm_servers(bed: Testbed, start_servers) -> dict[str, LocalServer]:
+    """The trio, by scenario: "reference", "lossy_2x" and, where this CPU runs one, "lossless_2x";
+    "any_2x" is a 2x candidate that serves (the lossless one where there is one).
 
     Same model, same flags; only the KV dtype differs. Checked per module, not once per session: the
-    launcher recycles an int8_per_token_head server that has served too many tokens (that CPU kernel
-    writes past its buffer once its block ids pass half the claimed pool; see launcher.OVERRUN_DTYPES),
-    so each module starts from a server that is fit for it."""
-    servers = start_many(demo_specs())
-    _started_ports.update(s.spec.port for s in servers if not s.reused)
-    return {s.spec.kv_cache_dtype: s for s in servers}
+    launcher recycles a server whose kernel overruns its pool (launcher.overruns) once it has served too
+    many tokens, so each module starts from a server that is fit for it."""
+    keys = [k for k in ("reference", "lossless_2x", "lossy_2x") if bed.available(k)]
+    servers = dict(zip(keys, start_servers([bed[k].spec for k in keys]), strict=True))
+    servers["any_2x"] = servers.get("lossless_2x") or servers["lossy_2x"]
+    return servers
 
 
 @pytest.fixture(autouse=True, scope="session")

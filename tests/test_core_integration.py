@@ -1,8 +1,10 @@
-"""The core against real vLLM CPU servers (needle-llama; auto / fp8 differ only in KV dtype)."""
+"""The core against real vLLM CPU servers (needle-llama; the reference and a 2x candidate differ only in KV
+dtype; which servers those are depends on the CPU, see kvprobe.servers.testbed)."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,7 @@ from faultproxy import Fault, FaultProxy
 from replay import capture
 
 from kvprobe.cli import main
-from kvprobe.servers import LocalServer, ServerSpec, start
+from kvprobe.servers import LocalServer, Testbed, start
 from kvprobe.servers.launcher import free_port
 
 pytestmark = pytest.mark.integration
@@ -31,12 +33,19 @@ def kvprobe(*args: str):
     return CliRunner().invoke(main, list(args), catch_exceptions=False)
 
 
-def test_audit_json_reports_real_capacity(vllm_servers: dict[str, LocalServer]) -> None:
-    result = kvprobe("audit", "--json", vllm_servers["auto"].url, vllm_servers["fp8"].url)
+def _pair(vllm_servers: dict[str, LocalServer]) -> list[tuple[str, str]]:
+    """(name, url) of the reference and the 2x candidate, named by their KV dtype."""
+    return [(s.spec.kv_cache_dtype, s.url) for s in (vllm_servers["reference"], vllm_servers["any_2x"])]
+
+
+def test_audit_json_reports_real_capacity(vllm_servers: dict[str, LocalServer], bed: Testbed) -> None:
+    ref, cand = vllm_servers["reference"], vllm_servers["any_2x"]
+    result = kvprobe("audit", "--json", ref.url, cand.url)
     assert result.exit_code == 0, result.stderr
     rows = json.loads(result.stdout)
-    assert [r["cache_dtype"] for r in rows] == ["auto", "fp8"]
-    assert [r["kv_cache_tokens"] for r in rows] == [524_288, 1_048_576]  # what the startup log says
+    assert [r["cache_dtype"] for r in rows] == [ref.spec.kv_cache_dtype, cand.spec.kv_cache_dtype]
+    expected = [bed["reference"].kv_tokens, 2 * bed["reference"].kv_tokens]  # what the startup log says
+    assert [r["kv_cache_tokens"] for r in rows] == expected
     for row in rows:
         assert row["kv_cache_tokens_estimate"] is False
         assert row["version"] == "0.32.0" and row["max_model_len"] == 8192 and row["model"] == "needle-llama"
@@ -45,20 +54,23 @@ def test_audit_json_reports_real_capacity(vllm_servers: dict[str, LocalServer]) 
     assert rows[1]["max_concurrency"] == 2 * rows[0]["max_concurrency"]
 
 
-def test_eval_capacity_ratio_and_valid_pin(vllm_servers: dict[str, LocalServer], tmp_path: Path) -> None:
-    cfg = servers_toml(tmp_path, [("auto", vllm_servers["auto"].url), ("fp8", vllm_servers["fp8"].url)])
+def test_eval_capacity_ratio_and_valid_pin(vllm_servers: dict[str, LocalServer], bed: Testbed,
+                                           tmp_path: Path) -> None:
+    (ref, _), (cand, cand_url) = pairs = _pair(vllm_servers)
+    cfg = servers_toml(tmp_path, pairs)
     out = tmp_path / "run"
     result = kvprobe("eval", "--servers", str(cfg), "--probes", "capacity", "--out", str(out))
     assert result.exit_code == 0, result.stderr
     assert "2.00x" in result.stdout and "valid" in result.stdout
     cap = json.loads((out / "capacity.json").read_text())
-    assert cap["reference"] == "auto"
-    assert cap["servers"]["fp8"] == {**cap["servers"]["fp8"], "kv_cache_tokens": 1_048_576, "ratio": 2.0}
-    assert cap["servers"]["auto"]["kv_cache_tokens"] == 524_288
+    tokens = bed["reference"].kv_tokens
+    assert cap["reference"] == ref
+    assert cap["servers"][cand] == {**cap["servers"][cand], "kv_cache_tokens": 2 * tokens, "ratio": 2.0}
+    assert cap["servers"][ref]["kv_cache_tokens"] == tokens
     assert cap["pin"]["valid"] is True and cap["pin"]["differences"] == []
     run = json.loads((out / "run.json").read_text())
-    assert run["config"]["server"][1]["url"] == vllm_servers["fp8"].url
-    for name in ("auto", "fp8"):
+    assert run["config"]["server"][1]["url"] == cand_url
+    for name in (ref, cand):
         inv = json.loads((out / "inventory" / f"{name}.json").read_text())
         assert inv["smoke"]["ok"] and inv["smoke"]["prompt_tokens"] == 4096
         assert "vllm:cache_config_info" in (out / "inventory" / f"{name}.metrics.txt").read_text()
@@ -67,44 +79,46 @@ def test_eval_capacity_ratio_and_valid_pin(vllm_servers: dict[str, LocalServer],
 
 
 @pytest.fixture(scope="module")
-def short_server() -> LocalServer:
+def short_server(bed: Testbed) -> LocalServer:
     """A third real server, same model and dtype as the reference, but --max-model-len 4096."""
-    server = start(ServerSpec(port=free_port(), kv_cache_dtype="auto", max_model_len=4096), reuse=False)
+    server = start(replace(bed["reference"].spec, port=free_port(), max_model_len=4096), reuse=False)
     yield server
     server.stop()
 
 
 def test_max_model_len_mismatch_is_invalid(vllm_servers: dict[str, LocalServer], short_server: LocalServer,
                                            tmp_path: Path) -> None:
-    cfg = servers_toml(tmp_path, [("auto", vllm_servers["auto"].url), ("fp8", vllm_servers["fp8"].url),
-                                  ("short", short_server.url)])
+    (ref, _), (cand, _) = pairs = _pair(vllm_servers)
+    cfg = servers_toml(tmp_path, [*pairs, ("short", short_server.url)])
     out = tmp_path / "run"
     result = kvprobe("eval", "--servers", str(cfg), "--probes", "capacity", "--out", str(out))
     assert result.exit_code == 3, result.stderr
-    assert "max_model_len: auto=8192 short=4096" in result.stderr
+    assert f"max_model_len: {ref}=8192 short=4096" in result.stderr
     pin = json.loads((out / "capacity.json").read_text())["pin"]
     assert pin["valid"] is False
-    assert pin["by_candidate"]["fp8"] == []
+    assert pin["by_candidate"][cand] == []
     assert [d["field"] for d in pin["by_candidate"]["short"]] == ["max_model_len"]
     # The launcher's servers run in dev mode: the whole engine config was compared, not just /metrics.
     assert not any("server_info" in note for note in pin["unchecked"])
 
 
-def test_unreachable_server_exits_2_naming_it(vllm_servers: dict[str, LocalServer], tmp_path: Path) -> None:
+def test_unreachable_server_exits_2_naming_it(vllm_servers: dict[str, LocalServer], bed: Testbed,
+                                             tmp_path: Path) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
-    cfg = servers_toml(tmp_path, [("auto", vllm_servers["auto"].url), ("gone", dead)])
+    cfg = servers_toml(tmp_path, [("auto", vllm_servers["reference"].url), ("gone", dead)])
     out = tmp_path / "run"
     result = kvprobe("eval", "--servers", str(cfg), "--probes", "capacity", "--out", str(out))
     assert result.exit_code == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "gone" in errors[0] and f"cannot reach {dead}" in errors[0]
-    assert json.loads((out / "inventory" / "auto.json").read_text())["capacity"]["kv_cache_tokens"] == 524_288
+    assert json.loads((out / "inventory" / "auto.json").read_text())["capacity"]["kv_cache_tokens"] \
+        == bed["reference"].kv_tokens
 
 
 def test_healthy_server_failing_the_smoke_exits_4(vllm_servers: dict[str, LocalServer], tmp_path: Path) -> None:
     crash = capture("crash-seed-chunked-prefill", "response")
-    with FaultProxy(vllm_servers["fp8"].url, {"/v1/completions": Fault(status=500, body=crash)}) as url:
-        cfg = servers_toml(tmp_path, [("auto", vllm_servers["auto"].url), ("fp8", url)])
+    with FaultProxy(vllm_servers["any_2x"].url, {"/v1/completions": Fault(status=500, body=crash)}) as url:
+        cfg = servers_toml(tmp_path, [("auto", vllm_servers["reference"].url), ("fp8", url)])
         out = tmp_path / "run"
         result = kvprobe("eval", "--servers", str(cfg), "--probes", "capacity", "--out", str(out))
     assert result.exit_code == 4, result.stderr
@@ -119,9 +133,9 @@ def test_api_key_is_sent_but_never_recorded(vllm_servers: dict[str, LocalServer]
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     secret = "sk-kvprobe-test-7f3a9c21e5"
     monkeypatch.setenv("KVPROBE_TEST_API_KEY", secret)
-    proxy = FaultProxy(vllm_servers["fp8"].url)
+    proxy = FaultProxy(vllm_servers["any_2x"].url)
     with proxy as url:
-        cfg = servers_toml(tmp_path, [("auto", vllm_servers["auto"].url), ("fp8", url)],
+        cfg = servers_toml(tmp_path, [("auto", vllm_servers["reference"].url), ("fp8", url)],
                            extra='api_key_env = "KVPROBE_TEST_API_KEY"\n')
         out = tmp_path / "run"
         result = kvprobe("eval", "--servers", str(cfg), "--probes", "capacity", "--out", str(out))

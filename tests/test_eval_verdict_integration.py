@@ -1,4 +1,5 @@
-"""End to end on the real vLLM CPU trio (auto reference, fp8, int8_per_token_head): `eval` writes a
+"""End to end on the real vLLM CPU trio (the reference, a lossy 2x and, where this CPU runs one, a
+lossless 2x candidate; see kvprobe.servers.testbed): `eval` writes a
 signed verdict and the reports, `kvprobe verify` and `ssh-keygen -Y verify` accept it, and a run
 killed mid-way and resumed reaches the same decisions as an uninterrupted one.
 
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from scenarios import require, trio
 
 from kvprobe.canary import CANARY_AGREEMENT, CANARY_LOAD, CANARY_NEEDLE, CANARY_PERPLEXITY, canary_probes
 from kvprobe.sign import NAMESPACE
@@ -36,9 +38,8 @@ def _toml_table(name: str, values: dict) -> str:
 @pytest.fixture(scope="module")
 def servers_file(vllm_servers, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("cfg") / "servers.toml"
-    roles = {"auto": "reference"}
-    servers = "".join(f'[[server]]\nname = "{dtype}"\nurl = "{s.url}"\nrole = "{roles.get(dtype, "candidate")}"\n\n'
-                      for dtype, s in vllm_servers.items())
+    servers = "".join(f'[[server]]\nname = "{s["name"]}"\nurl = "{s["url"]}"\nrole = "{s["role"]}"\n\n'
+                      for s in trio(vllm_servers))
     path.write_text("\n".join([_toml_table("perplexity", CANARY_PERPLEXITY), _toml_table("agreement", CANARY_AGREEMENT),
                                _toml_table("needle", CANARY_NEEDLE), _toml_table("load", CANARY_LOAD), servers]))
     return path
@@ -73,30 +74,48 @@ def full_run(servers_file, env, tmp_path_factory):
     return out, result, probes
 
 
-def test_eval_writes_a_signed_verdict_and_reports(full_run, env):
+def test_eval_writes_a_signed_verdict_and_reports(full_run, vllm_servers, bed):
     out, result, probes = full_run
     assert result.returncode in (0, 1), result.stderr
     for name in ("verdict.json", "verdict.json.sig", "report.md", "report.html", "plots/capacity.png"):
         assert (out / name).is_file(), name
     v = orjson.loads((out / "verdict.json").read_bytes())
     assert v["reference"] == "auto" and v["pin"]["valid"] is True
-    assert v["servers"]["auto"]["kv_cache_tokens"] == 524_288
-    for cand in ("fp8", "int8_per_token_head"):
+    assert v["servers"]["auto"]["kv_cache_tokens"] == bed["reference"].kv_tokens
+    candidates = [s["name"] for s in trio(vllm_servers) if s["role"] == "candidate"]
+    for cand in candidates:
         assert v["decisions"][cand]["capacity_ratio"] == 2.0
+        assert f"{cand}:" in result.stdout
     assert v["exit_code"] == result.returncode
     assert "report:" in result.stderr and "report.html" in result.stderr
-    assert "fp8:" in result.stdout and "int8_per_token_head:" in result.stdout
     ran = set(probes.split(","))
-    if ran & QUALITY_PROBES:
-        # The KV format that wrecks the model on this CPU build must be caught by the quality probes.
-        assert v["decisions"]["int8_per_token_head"]["decision"] == "reject", v["decisions"]["int8_per_token_head"]
-        assert v["decisions"]["fp8"]["decision"] in ("adopt", "inconclusive")
-        assert not any(c["outcome"] == "fail" and c["probe"] in QUALITY_PROBES
-                       for c in v["decisions"]["fp8"]["checks"])
-    else:
+    if not ran & QUALITY_PROBES:
         # Only capacity measured: no candidate is adopted on capacity alone, and the run says why.
         assert {d["decision"] for d in v["decisions"].values()} == {"inconclusive"}
         assert v["probes_status"]["perplexity"] == "not run" and result.returncode == 0
+
+
+def test_the_lossy_2x_candidate_is_rejected_on_quality(full_run, vllm_servers):
+    out, _, probes = full_run
+    if not set(probes.split(",")) & QUALITY_PROBES:
+        pytest.skip(f"no quality probe installed among {probes}")
+    v = orjson.loads((out / "verdict.json").read_bytes())
+    lossy = vllm_servers["lossy_2x"].spec.kv_cache_dtype
+    # The KV format that wrecks the model on this CPU build must be caught by the quality probes.
+    assert v["decisions"][lossy]["decision"] == "reject", v["decisions"][lossy]
+    assert any(c["outcome"] == "fail" and c["probe"] in QUALITY_PROBES for c in v["decisions"][lossy]["checks"])
+
+
+def test_the_lossless_2x_candidate_passes_quality(full_run, vllm_servers, bed):
+    require(bed, "lossless_2x")
+    out, _, probes = full_run
+    if not set(probes.split(",")) & QUALITY_PROBES:
+        pytest.skip(f"no quality probe installed among {probes}")
+    v = orjson.loads((out / "verdict.json").read_bytes())
+    lossless = vllm_servers["lossless_2x"].spec.kv_cache_dtype
+    assert v["decisions"][lossless]["decision"] in ("adopt", "inconclusive")
+    assert not any(c["outcome"] == "fail" and c["probe"] in QUALITY_PROBES
+                   for c in v["decisions"][lossless]["checks"])
 
 
 def test_verify_and_ssh_keygen_accept_the_eval_verdict(full_run, env, tmp_path):
@@ -114,8 +133,9 @@ def test_verify_and_ssh_keygen_accept_the_eval_verdict(full_run, env, tmp_path):
                                 "-s", str(out / "verdict.json.sig")], stdin=fh, capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
     tampered = tmp_path / "verdict.json"
-    tampered.write_bytes((out / "verdict.json").read_bytes().replace(b'"kv_cache_tokens": 524288',
-                                                                      b'"kv_cache_tokens": 524289', 1))
+    data = (out / "verdict.json").read_bytes()
+    assert b'"kv_cache_tokens": ' in data
+    tampered.write_bytes(data.replace(b'"kv_cache_tokens": ', b'"kv_cache_tokens": 1', 1))
     shutil.copy(out / "verdict.json.sig", tmp_path / "verdict.json.sig")
     bad = kvprobe("verify", str(tampered), env=env, timeout=120)
     assert bad.returncode == 1 and "changed after it was signed" in bad.stderr

@@ -10,11 +10,13 @@ no vLLM import, no network.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from kvprobe.errors import ConfigError
 from kvprobe.memmap.allocator import Plan, Settings, plan
+from kvprobe.memmap.dtypes import STATE_DTYPE_BYTES
 from kvprobe.memmap.shape import ModelShape, load_config, model_shape
 from kvprobe.memmap.summary import MemoryMap, memory_map
 
@@ -37,4 +39,9 @@ def build(config: str | Path | dict[str, Any], dtypes: list[str], max_model_len:
         raise ConfigError([f"{source}: no max_position_embeddings: pass --max-model-len"])
     if not dtypes:
         raise ConfigError(["--kv-dtype: give at least one KV dtype, e.g. auto,fp8"])
-    return memory_map(model, dtypes, int(length), settings or Settings())
+    settings = settings or Settings()
+    if settings.model_dtype:
+        if settings.model_dtype not in STATE_DTYPE_BYTES:
+            raise ConfigError([f"--dtype {settings.model_dtype!r}: choose from {', '.join(STATE_DTYPE_BYTES)}"])
+        model = replace(model, dtype=settings.model_dtype)
+    return memory_map(model, dtypes, int(length), settings)

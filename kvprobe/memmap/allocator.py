@@ -49,6 +49,7 @@ class Settings:
     mamba_cache_dtype: str = "auto"  # --mamba-cache-dtype: conv state (and SSM state when that is auto)
     mamba_ssm_cache_dtype: str = "auto"  # --mamba-ssm-cache-dtype; auto = the model's own default
     max_num_batched_tokens: int = 2048  # the CPU API server's default; sliding windows reserve for it
+    model_dtype: str | None = None  # --dtype of the weights (None: the config's); "auto" KV takes it
     concurrent_batches: int = 1  # 2 with async scheduling (GPU default); the CPU build turns it off
 
     def __post_init__(self) -> None:

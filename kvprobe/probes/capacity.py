@@ -36,7 +36,7 @@ def memory_map_summary(config_path: str, reference: str, inventories: dict[str, 
     """
     from kvprobe.errors import ConfigError
     from kvprobe.memmap import Settings, build
-    from kvprobe.memmap.dtypes import KV_DTYPES, MAMBA_DTYPES
+    from kvprobe.memmap.dtypes import KV_DTYPES, MAMBA_DTYPES, STATE_DTYPE_BYTES
 
     ref = inventories[reference]
     labels = ref.cache_config or {}
@@ -46,7 +46,10 @@ def memory_map_summary(config_path: str, reference: str, inventories: dict[str, 
         return value if value in allowed else default
 
     memory = labels.get("kv_cache_memory_bytes", "")
+    # The weights' dtype as served ("torch.float32"), which "auto" KV takes; only /server_info shows it.
+    served = str((ref.server_info or {}).get("vllm_config.model_config.dtype") or "").removeprefix("torch.")
     settings = Settings(
+        model_dtype=served if served in STATE_DTYPE_BYTES else None,
         kv_memory_bytes=int(memory) if memory.isdigit() else Settings.kv_memory_bytes,
         mamba_cache_dtype=label("mamba_cache_dtype", MAMBA_DTYPES, "auto"),
         mamba_ssm_cache_dtype=label("mamba_ssm_cache_dtype", MAMBA_DTYPES, "auto"),

@@ -214,7 +214,16 @@ def _checks_by(v: dict[str, Any], bar: str) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+def left_out_table(v: dict[str, Any]) -> TableData | None:
+    """Servers meant for the comparison that never started (the demo's fp8 on an AVX2-only CPU)."""
+    rows = (v.get("run") or {}).get("left_out") or []
+    if not rows:
+        return None
+    return TableData("Left out", ["server", "why"], [[str(r.get("name")), str(r.get("reason"))] for r in rows],
+                     note="not started, so not measured: no decision is made for these servers")
+
+
 def all_tables(v: dict[str, Any]) -> list[TableData]:
-    tables = [decisions_table(v), servers_table(v), perplexity_table(v), agreement_table(v), needle_table(v),
-              load_table(v), fill_table(v), checks_table(v), bars_table(v), probes_table(v)]
+    tables = [decisions_table(v), left_out_table(v), servers_table(v), perplexity_table(v), agreement_table(v),
+              needle_table(v), load_table(v), fill_table(v), checks_table(v), bars_table(v), probes_table(v)]
     return [t for t in tables if t is not None]

@@ -5,33 +5,38 @@ from kvprobe.servers.launcher import (
     LaunchError,
     LocalServer,
     ServerSpec,
+    StartRefused,
     ensure_venv,
     start,
+    start_each,
     start_many,
     status,
     stop,
     stop_all,
 )
-
-# The demo trio: same model and flags, only the KV dtype differs.
-DEMO_PORTS = {"auto": 8101, "fp8": 8102, "int8_per_token_head": 8103}
+from kvprobe.servers.testbed import Scenario, Testbed, testbed
 
 
 def demo_specs() -> list[ServerSpec]:
-    return [ServerSpec(port=port, kv_cache_dtype=dtype) for dtype, port in DEMO_PORTS.items()]
+    """The demo trio this CPU can run: same model and flags, only the KV dtype differs."""
+    return [sc.spec for sc in testbed().demo() if sc.spec is not None]
 
 
 __all__ = [
-    "DEMO_PORTS",
     "NEEDLE_LLAMA",
     "LaunchError",
     "LocalServer",
+    "Scenario",
     "ServerSpec",
+    "StartRefused",
+    "Testbed",
     "demo_specs",
     "ensure_venv",
     "start",
+    "start_each",
     "start_many",
     "status",
     "stop",
     "stop_all",
+    "testbed",
 ]

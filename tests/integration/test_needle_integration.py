@@ -1,5 +1,6 @@
 """The needle probe against real vLLM CPU servers serving needle-llama with
---reasoning-parser deepseek_r1, KV dtypes side by side: auto (reference), fp8, int8_per_token_head.
+--reasoning-parser deepseek_r1, KV dtypes side by side: the testbed's trio (the reference, a lossy 2x and,
+where this CPU runs one, a lossless 2x candidate; kvprobe.servers.testbed).
 
 One default run (20 needles, 1k..7168 tokens, depths 0-100%, max_tokens 1024, temperature 0) on the
 three servers at once is shared by the tests of this module; two small runs check the cap and the
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
+from scenarios import require, trio
 
 from kvprobe.config import parse_config
 from kvprobe.errors import EXIT_CANNOT_RUN
@@ -22,16 +24,16 @@ from kvprobe.store import RunDir
 
 pytestmark = pytest.mark.integration
 
-NAMES = ("auto", "fp8", "int8_per_token_head")
 
 
-def _config(servers, names=NAMES, **needle):
-    return {
-        "bars": {"needle_recall_drop_max": 0.0},
-        "server": [{"name": n, "url": servers[n].url, "role": "reference" if n == "auto" else "candidate"}
-                   for n in names],
-        "needle": needle,
-    }
+def _config(servers, only_reference: bool = False, **needle):
+    tables = trio(servers)
+    return {"bars": {"needle_recall_drop_max": 0.0}, "server": tables[:1] if only_reference else tables,
+            "needle": needle}
+
+
+def _name(servers, key: str) -> str:
+    return servers[key].spec.kv_cache_dtype
 
 
 @pytest.fixture(scope="module")
@@ -39,16 +41,20 @@ async def default_run(vllm_servers, tmp_path_factory) -> RunDir:
     run = RunDir.create(tmp_path_factory.mktemp("needle") / "run")
     console = Console(file=io.StringIO(), width=120)
     outcome = await run_eval(parse_config(_config(vllm_servers)), run, ["needle"], console)
-    # int8_per_token_head loses its needles, so the verdict rejects it and nothing else is adopted
+    # The lossy 2x candidate loses its needles, so the verdict rejects it and nothing else is adopted
     # on the needle probe alone: exit 1, "the recommended change fails a bar".
     assert outcome.exit_code == 1, outcome.messages
-    assert run.read_json("verdict.json")["decisions"]["int8_per_token_head"]["decision"] == "reject"
+    lossy = _name(vllm_servers, "lossy_2x")
+    assert run.read_json("verdict.json")["decisions"][lossy]["decision"] == "reject"
     print(console.file.getvalue())
     return run
 
 
-@pytest.mark.parametrize("name", ["auto", "fp8"])
-def test_reference_and_fp8_find_the_needles_in_reasoning_and_content(default_run: RunDir, name: str) -> None:
+@pytest.mark.parametrize("key", ["reference", "lossless_2x"])
+def test_reference_and_lossless_find_the_needles_in_reasoning_and_content(default_run: RunDir, vllm_servers, bed,
+                                                                          key: str) -> None:
+    require(bed, key)
+    name = _name(vllm_servers, key)
     data = default_run.read_json("needle.json")
     row = data["servers"][name]
     assert row["cases"] == 20
@@ -58,15 +64,21 @@ def test_reference_and_fp8_find_the_needles_in_reasoning_and_content(default_run
     assert len(both) >= 19
 
 
-def test_int8_per_token_head_collapses_and_the_paired_comparison_says_so(default_run: RunDir) -> None:
+def test_the_lossy_2x_collapses_and_the_paired_comparison_says_so(default_run: RunDir, vllm_servers) -> None:
     data = default_run.read_json("needle.json")
-    assert data["servers"]["int8_per_token_head"]["hit"] <= 5
-    pair = data["paired"]["int8_per_token_head"]
+    lossy = _name(vllm_servers, "lossy_2x")
+    assert data["servers"][lossy]["hit"] <= 5
+    pair = data["paired"][lossy]
     lost = len(pair["reference_hit_candidate_miss"]) + len(pair["reference_hit_candidate_truncated"])
     assert lost >= 15
     assert pair["outcome"] == "fail" and pair["recall_drop"]["lo"] > 0.3
     assert pair["mcnemar_p"] < 0.01 or pair["decided"] < 10
-    assert data["paired"]["fp8"]["outcome"] in ("pass", "inconclusive")  # at most one case apart
+
+
+def test_the_lossless_2x_is_at_most_one_case_apart(default_run: RunDir, vllm_servers, bed) -> None:
+    require(bed, "lossless_2x")
+    data = default_run.read_json("needle.json")
+    assert data["paired"][_name(vllm_servers, "lossless_2x")]["outcome"] in ("pass", "inconclusive")
 
 
 def test_default_grid_and_token_exact_lengths(default_run: RunDir) -> None:
@@ -87,18 +99,19 @@ def test_default_grid_and_token_exact_lengths(default_run: RunDir) -> None:
         assert abs(share - c["target_depth"]) < 0.03, c["id"]
 
 
-def test_max_tokens_is_honoured(default_run: RunDir) -> None:
+def test_max_tokens_is_honoured(default_run: RunDir, vllm_servers) -> None:
     events = list(default_run.events("needle_case"))
-    assert len(events) == 60
+    assert len(events) == 20 * len(trio(vllm_servers))
     assert all(e["completion_tokens"] <= 1024 for e in events)
     assert all(e["completion_tokens"] == 1024 for e in events if e["finish_reason"] == "length")
     heat = default_run.read_json("needle.json")["heatmaps"]
-    assert len(heat) == 5 and all((default_run.path / p).stat().st_size > 5000 for p in heat.values())
+    assert len(heat) == 2 * len(trio(vllm_servers)) - 1  # one per server, one per paired candidate
+    assert all((default_run.path / p).stat().st_size > 5000 for p in heat.values())
 
 
 async def test_a_small_cap_truncates_streamed_answers(vllm_servers, tmp_path) -> None:
     # 12 tokens cannot hold "One of the special magic numbers for <key> is: <value>."
-    config = parse_config(_config(vllm_servers, ("auto",), count=2, lengths=[1024], depths=[0.5],
+    config = parse_config(_config(vllm_servers, True, count=2, lengths=[1024], depths=[0.5],
                                   max_tokens=12, stream=True))
     run = RunDir.create(tmp_path / "run")
     outcome = await run_eval(config, run, ["needle"], Console(file=io.StringIO()))
@@ -112,7 +125,7 @@ async def test_a_small_cap_truncates_streamed_answers(vllm_servers, tmp_path) ->
 def test_a_length_over_max_model_len_is_refused_up_front(vllm_servers, tmp_path) -> None:
     toml = tmp_path / "servers.toml"
     toml.write_text(
-        f'[[server]]\nname = "auto"\nurl = "{vllm_servers["auto"].url}"\nrole = "reference"\n\n'
+        f'[[server]]\nname = "auto"\nurl = "{vllm_servers["reference"].url}"\nrole = "reference"\n\n'
         "[needle]\nlengths = [1024, 9000]\n")
     out = tmp_path / "run"
     done = subprocess.run([sys.executable, "-m", "kvprobe.cli", "eval", "--servers", str(toml), "--probes", "needle",

@@ -1,17 +1,18 @@
-"""The load probe against real vLLM CPU servers (needle-llama; auto / fp8 differ only in KV dtype),
-and a real server that dies under load."""
+"""The load probe against real vLLM CPU servers (needle-llama; the reference and a 2x candidate differ
+only in KV dtype, see kvprobe.servers.testbed), and a real server that dies under load."""
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from kvprobe.cli import main
-from kvprobe.servers import LocalServer, ServerSpec, start
+from kvprobe.servers import LocalServer, Testbed, start
 from kvprobe.servers.launcher import free_port, healthy
 
 pytestmark = pytest.mark.integration
@@ -31,8 +32,9 @@ def _eval(cfg: Path, out: Path):
                               catch_exceptions=False)
 
 
-def test_small_sweep_on_auto_and_fp8(vllm_servers: dict[str, LocalServer], tmp_path: Path) -> None:
-    cfg = _toml(tmp_path, [("auto", vllm_servers["auto"].url), ("fp8", vllm_servers["fp8"].url)], """
+def test_small_sweep_on_the_reference_and_a_2x_candidate(vllm_servers: dict[str, LocalServer],
+                                                         tmp_path: Path) -> None:
+    cfg = _toml(tmp_path, [("auto", vllm_servers["reference"].url), ("fp8", vllm_servers["any_2x"].url)], """
 [load]
 agents = [1, 4]
 turns = 2
@@ -82,9 +84,9 @@ def _events(out: Path, kind: str, server: str) -> list[dict]:
 
 
 @pytest.fixture
-def doomed_server() -> LocalServer:
-    """A server of our own (never the shared ones): the test kills it."""
-    server = start(ServerSpec(port=free_port(), kv_cache_dtype="auto"), reuse=False)
+def doomed_server(bed: Testbed) -> LocalServer:
+    """A server of our own (never the shared ones), the reference's twin: the test kills it."""
+    server = start(replace(bed["reference"].spec, port=free_port()), reuse=False)
     try:
         yield server
     finally:
@@ -96,7 +98,7 @@ def test_a_server_dying_under_load_is_broken_and_the_others_go_on(vllm_servers: 
                                                                    tmp_path: Path) -> None:
     # Only `doomed` gets seed + temperature > 0; with an uncached prompt over the 2048-token prefill
     # chunk that kills a vLLM 0.32 CPU engine (tests/fixtures/vllm-cpu/crash-seed-chunked-prefill).
-    cfg = _toml(tmp_path, [("auto", vllm_servers["auto"].url), ("fp8", vllm_servers["fp8"].url),
+    cfg = _toml(tmp_path, [("auto", vllm_servers["reference"].url), ("fp8", vllm_servers["any_2x"].url),
                            ("doomed", doomed_server.url)], """
 [load]
 agents = [1, 2]

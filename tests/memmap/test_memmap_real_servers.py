@@ -1,10 +1,12 @@
 """memmap against real vLLM CPU servers: predicted kv_cache_size_tokens within 1% of /metrics.
 
-- dense: the shared needle-llama trio (auto, fp8, int8_per_token_head; read-only: /metrics and /v1/models);
-- hybrid: the tiny random NemotronH served for real by this test at max_model_len 8192, auto then
-  fp8 (two starts, one at a time, each stopped at the end). At 8192 tokens the two dtypes differ
-  (1.40x, not 2x) and the attention block is raised to 512 / 1,024 tokens, so both the alignment and
-  the dilution by Mamba state are checked; the 512-token case is checked against the captures.
+- dense: the shared needle-llama trio of this CPU (kvprobe.servers.testbed; read-only: /metrics and
+  /v1/models), with each server's weight dtype;
+- hybrid: the tiny random NemotronH served for real by this test at max_model_len 8192, the reference
+  then a candidate that changes capacity on this CPU (two starts, one at a time, each stopped at the
+  end): fp8 KV where the CPU runs it (1.40x, not 2x, with the attention block raised to 512 / 1,024
+  tokens), else a float16 SSM state (the Mamba page shrinks, so the block does too). Both the
+  alignment and the dilution by Mamba state are checked; the 512-token case against the captures.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from scenarios import trio
 from tiny_hybrid import CONFIG as HYBRID_CONFIG
 from tiny_hybrid import tiny_hybrid_model
 
 from kvprobe.memmap import Settings, build
 from kvprobe.scrape import parse_metrics
-from kvprobe.servers.launcher import NEEDLE_LLAMA, ServerSpec, free_port, start
+from kvprobe.servers.launcher import NEEDLE_LLAMA, free_port, start
+from kvprobe.servers.testbed import hybrid_specs
 
 pytestmark = pytest.mark.integration
 
@@ -39,37 +43,49 @@ def measured(url: str) -> tuple[int, dict[str, str], int]:
 
 
 def test_dense_prediction_matches_the_shared_servers(vllm_servers) -> None:
-    for dtype, server in vllm_servers.items():
+    for server in {id(s): s for s in vllm_servers.values()}.values():
+        dtype = server.spec.kv_cache_dtype
         tokens, labels, length = measured(server.url)
-        settings = Settings(kv_memory_bytes=int(labels["kv_cache_memory_bytes"]))
+        settings = Settings(kv_memory_bytes=int(labels["kv_cache_memory_bytes"]), model_dtype=server.spec.dtype)
         plan = build(Path(NEEDLE_LLAMA) / "config.json", [dtype], length, settings).plans[dtype]
         print(f"needle-llama {dtype} @ {length}: predicted {plan.kv_cache_tokens:,} measured {tokens:,}")
         assert abs(plan.kv_cache_tokens - tokens) <= 0.01 * tokens
         assert plan.num_blocks == int(labels["num_gpu_blocks"])
 
 
+def _knob(spec) -> tuple[str, str]:
+    """(kv dtype, ssm state dtype) of a hybrid spec."""
+    args = list(spec.extra_args)
+    ssm = args[args.index("--mamba-ssm-cache-dtype") + 1] if "--mamba-ssm-cache-dtype" in args else "auto"
+    return spec.kv_cache_dtype, ssm
+
+
 def test_hybrid_prediction_matches_real_servers() -> None:
     model = tiny_hybrid_model()
-    mm = build(HYBRID_CONFIG, ["auto", "fp8"], 8192)
     seen: dict[str, int] = {}
-    for dtype in ("auto", "fp8"):  # one at a time: each server holds ~3.4 GB
-        spec = ServerSpec(port=free_port(), model=model, served_model_name="tiny-hybrid", reasoning_parser=None,
-                          max_model_len=8192, kv_cache_dtype=dtype)
+    predicted = {}
+    specs = hybrid_specs(free_port(), free_port(), model, served_model_name="tiny-hybrid", reasoning_parser=None,
+                         max_model_len=8192)
+    for role, spec in zip(("reference", "candidate"), specs, strict=True):  # one at a time: ~3.4 GB each
+        kv, ssm = _knob(spec)
+        plan = build(HYBRID_CONFIG, [kv], 8192, Settings(mamba_ssm_cache_dtype=ssm)).plans[kv]
         server = start(spec, reuse=False)
         try:
             tokens, labels, length = measured(server.url)
         finally:
             server.stop()
-        plan = mm.plans[dtype]
-        print(f"tiny-hybrid {dtype} @ {length}: predicted {plan.kv_cache_tokens:,} measured {tokens:,} "
+        print(f"tiny-hybrid {kv} ssm {ssm} @ {length}: predicted {plan.kv_cache_tokens:,} measured {tokens:,} "
               f"(block {plan.attention_block_size} vs {labels['block_size']})")
         assert length == 8192
-        assert labels["cache_dtype"] == dtype
+        assert labels["cache_dtype"] == kv
+        assert labels["mamba_ssm_cache_dtype"] == ("float32" if ssm == "auto" else ssm)  # NemotronH: float32
         assert abs(plan.kv_cache_tokens - tokens) <= 0.01 * tokens
         assert plan.attention_block_size == int(labels["block_size"])
         assert plan.num_blocks == int(labels["num_gpu_blocks"])
-        seen[dtype] = tokens
-    assert seen["fp8"] / seen["auto"] == pytest.approx(mm.ratio("fp8"), rel=0.01)
+        seen[role], predicted[role] = tokens, plan.kv_cache_tokens
+    assert seen["candidate"] > seen["reference"]  # the knob moves capacity on this CPU...
+    assert seen["candidate"] / seen["reference"] == pytest.approx(  # ...by what the memory map predicts
+        predicted["candidate"] / predicted["reference"], rel=0.01)
 
 
 async def test_eval_capacity_carries_the_memory_map(vllm_servers, tmp_path: Path) -> None:
@@ -81,8 +97,7 @@ async def test_eval_capacity_carries_the_memory_map(vllm_servers, tmp_path: Path
 
     config = parse_config({
         "model_config": str(Path(NEEDLE_LLAMA) / "config.json"),
-        "server": [{"name": dtype, "url": server.url, "role": "reference" if dtype == "auto" else "candidate"}
-                   for dtype, server in vllm_servers.items()],
+        "server": trio(vllm_servers),
     })
     run = RunDir.create(tmp_path / "run")
     outcome = await run_eval(config, run, ["capacity"], Console(stderr=True))

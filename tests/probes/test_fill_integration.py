@@ -1,10 +1,12 @@
 """Fill on real vLLM CPU servers with a small KV pool (32 MiB), so the whole claimed capacity is
-served in seconds: auto holds it; int8_per_token_head, which claims twice as many tokens from the
-same bytes but writes bf16 entries, dies once it has served about half of its claim."""
+served in seconds: the reference holds it; the lossy 2x candidate (int8_per_token_head on AVX-512,
+bfloat16 KV on float32 weights on AVX2), which claims twice as many tokens from the same bytes but
+writes entries twice as wide, dies once it has served about half of its claim."""
 
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 
 import pytest
 from rich.console import Console
@@ -12,7 +14,7 @@ from rich.console import Console
 from kvprobe.config import parse_config
 from kvprobe.errors import EXIT_BROKEN
 from kvprobe.evaluation import run_eval
-from kvprobe.servers import LocalServer, ServerSpec, start_many
+from kvprobe.servers import LocalServer, Testbed, start_many
 from kvprobe.servers.launcher import free_port
 from kvprobe.store import RunDir
 
@@ -22,18 +24,18 @@ POOL = 32 * 1024 * 1024
 
 
 @pytest.fixture(scope="module")
-def small_pool() -> dict[str, LocalServer]:
-    specs = [ServerSpec(port=free_port(), kv_cache_dtype=d, kv_cache_memory_bytes=POOL)
-             for d in ("auto", "int8_per_token_head")]
-    servers = start_many(specs)
-    yield {s.spec.kv_cache_dtype: s for s in servers}
+def small_pool(bed: Testbed) -> dict[str, LocalServer]:
+    keys = ("reference", "lossy_2x")
+    servers = start_many([replace(bed[k].spec, port=free_port(), kv_cache_memory_bytes=POOL) for k in keys])
+    yield dict(zip(keys, servers, strict=True))
     for server in servers:
         server.stop()
 
 
-async def test_fill_catches_capacity_that_is_not_there(small_pool: dict[str, LocalServer], tmp_path) -> None:
-    config = parse_config({"server": [{"name": "auto", "url": small_pool["auto"].url, "role": "reference"},
-                                      {"name": "int8", "url": small_pool["int8_per_token_head"].url}],
+async def test_fill_catches_capacity_that_is_not_there(small_pool: dict[str, LocalServer], bed: Testbed,
+                                                       tmp_path) -> None:
+    config = parse_config({"server": [{"name": "auto", "url": small_pool["reference"].url, "role": "reference"},
+                                      {"name": "int8", "url": small_pool["lossy_2x"].url}],
                            # 1k-token requests: each is 3% of int8's claim, so where it dies is measured finely
                            "fill": {"prompt_tokens": 1024}})
     run = RunDir.create(tmp_path / "run")
@@ -41,7 +43,8 @@ async def test_fill_catches_capacity_that_is_not_there(small_pool: dict[str, Loc
     outcome = await run_eval(config, run, ["capacity", "fill"], console)
     print(console.file.getvalue())
     cap = run.read_json("capacity.json")["servers"]
-    assert cap["auto"]["kv_cache_tokens"] == POOL // 2048  # 4 layers x 2 KV heads x 64 x (K,V) x bf16
+    # 4 layers x 2 KV heads x 64 x (K,V) x the model dtype: the same bytes per token as at 1 GiB
+    assert cap["auto"]["kv_cache_tokens"] == POOL * bed["reference"].kv_tokens // 2**30
     assert cap["int8"]["kv_cache_tokens"] == 2 * cap["auto"]["kv_cache_tokens"]  # what it claims
     fill = run.read_json("fill.json")["servers"]
     assert fill["auto"]["survived"] is True and fill["auto"]["fraction_of_claimed"] >= 1.05
