@@ -51,6 +51,7 @@ def test_audit_json_reports_real_capacity(vllm_servers: dict[str, LocalServer], 
         assert row["version"] == "0.32.0" and row["max_model_len"] == 8192 and row["model"] == "needle-llama"
         assert row["healthy"] and row["smoke_ok"]
         assert {"url", "max_concurrency"} <= set(row)
+        assert "avx2" in row["platform"]["isa"] and row["platform"]["cpu_model"]  # dev mode shows the platform
     assert rows[1]["max_concurrency"] == 2 * rows[0]["max_concurrency"]
 
 

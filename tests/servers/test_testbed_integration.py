@@ -1,0 +1,69 @@
+"""The testbed on real vLLM CPU servers: the server that cannot start on this CPU (or on the AVX2
+path) is refused with the engine's own reason and leaves nothing running; the no-gain candidate frees
+nothing; the demo evaluates what started and says what was left out."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kvprobe.cli import main
+from kvprobe.servers import StartRefused, Testbed, start
+from kvprobe.servers.launcher import healthy, port_free, status
+
+pytestmark = pytest.mark.integration
+
+REFUSAL = "NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX."
+
+
+def test_the_server_that_cannot_start_is_refused_with_the_engines_reason(bed: Testbed) -> None:
+    spec = bed["no_start"].spec
+    with pytest.raises(StartRefused) as refused:
+        start(spec, reuse=False)
+    assert refused.value.reason == REFUSAL
+    assert port_free(spec.port) and not healthy(spec.url)
+    assert spec.port not in [row["port"] for row in status()]  # no state, no process group left
+
+
+def test_the_no_gain_candidate_frees_nothing(bed: Testbed, start_servers, tmp_path: Path) -> None:
+    no_gain = bed["no_gain"]
+    ref_server, cand_server = start_servers([bed[no_gain.reference].spec, no_gain.spec])
+    cfg = tmp_path / "servers.toml"
+    cfg.write_text(f'[[server]]\nname = "auto"\nurl = "{ref_server.url}"\nrole = "reference"\n\n'
+                   f'[[server]]\nname = "{no_gain.name}"\nurl = "{cand_server.url}"\nrole = "candidate"\n')
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, ["eval", "--servers", str(cfg), "--probes", "capacity", "--out", str(out)],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.stderr
+    verdict = json.loads((out / "verdict.json").read_text())
+    assert verdict["pin"]["valid"] is True
+    decision = verdict["decisions"][no_gain.name]
+    assert decision["capacity_ratio"] == 1.0 and decision["decision"] == "no_gain", decision
+
+
+def test_the_demo_evaluates_what_started_and_says_what_was_left_out(bed: Testbed, start_servers,
+                                                                     tmp_path: Path) -> None:
+    # Started through the fixture first, so the session stops them; the demo then reuses them.
+    start_servers([sc.spec for sc in bed.demo() if sc.key != "no_start"])
+    out = tmp_path / "run"
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+    result = CliRunner(env=env).invoke(main, ["demo", "--probes", "capacity", "--out", str(out)],
+                                       catch_exceptions=False)
+    assert result.exit_code in (0, 1), result.stderr  # the decisions, never "cannot run"
+    verdict = json.loads((out / "verdict.json").read_text())
+    expected = [sc.name for sc in bed.demo() if sc.key != "no_start" or bed.isa == "avx512"]
+    assert list(verdict["decisions"]) == expected[1:] and verdict["reference"] == "auto"
+    assert all(d["capacity_ratio"] == 2.0 for d in verdict["decisions"].values())
+    left_out = verdict["run"]["left_out"]
+    report = (out / "report.md").read_text()
+    if bed.isa == "avx2":
+        line = f"fp8 KV does not start on this CPU: {REFUSAL}"
+        assert left_out == [{"name": "fp8", "scenario": "no_start", "reason": line}]
+        assert line in " ".join(result.stderr.split())
+        assert "Left out" in report and line in report
+    else:
+        assert left_out == [] and "Left out" not in report
