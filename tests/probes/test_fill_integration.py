@@ -1,4 +1,4 @@
-"""Fill on real vLLM CPU servers with a small KV pool (32 MiB), so the whole claimed capacity is
+"""Fill on real vLLM CPU servers with a small KV pool (16,384 tokens of the reference), so the whole claimed capacity is
 served in seconds: the reference holds it; the lossy 2x candidate (int8_per_token_head on AVX-512,
 bfloat16 KV on float32 weights on AVX2), which claims twice as many tokens from the same bytes but
 writes entries twice as wide, dies once it has served about half of its claim."""
@@ -20,13 +20,18 @@ from kvprobe.store import RunDir
 
 pytestmark = pytest.mark.integration
 
-POOL = 32 * 1024 * 1024
+TOKENS = 16_384  # the reference's pool: twice max_model_len, so one request always fits
+
+
+def _pool(bed: Testbed) -> int:
+    """Bytes for TOKENS at the reference's bytes per token (32 MiB for bfloat16, 64 MiB for float32)."""
+    return TOKENS * 2**30 // bed["reference"].kv_tokens
 
 
 @pytest.fixture(scope="module")
 def small_pool(bed: Testbed) -> dict[str, LocalServer]:
     keys = ("reference", "lossy_2x")
-    servers = start_many([replace(bed[k].spec, port=free_port(), kv_cache_memory_bytes=POOL) for k in keys])
+    servers = start_many([replace(bed[k].spec, port=free_port(), kv_cache_memory_bytes=_pool(bed)) for k in keys])
     yield dict(zip(keys, servers, strict=True))
     for server in servers:
         server.stop()
@@ -44,7 +49,7 @@ async def test_fill_catches_capacity_that_is_not_there(small_pool: dict[str, Loc
     print(console.file.getvalue())
     cap = run.read_json("capacity.json")["servers"]
     # 4 layers x 2 KV heads x 64 x (K,V) x the model dtype: the same bytes per token as at 1 GiB
-    assert cap["auto"]["kv_cache_tokens"] == POOL * bed["reference"].kv_tokens // 2**30
+    assert cap["auto"]["kv_cache_tokens"] == TOKENS
     assert cap["int8"]["kv_cache_tokens"] == 2 * cap["auto"]["kv_cache_tokens"]  # what it claims
     fill = run.read_json("fill.json")["servers"]
     assert fill["auto"]["survived"] is True and fill["auto"]["fraction_of_claimed"] >= 1.05
