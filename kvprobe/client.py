@@ -25,6 +25,7 @@ import orjson
 
 from kvprobe.errors import AuthError, ServerError, Unreachable
 from kvprobe.streaming import StreamPool, proxied
+from kvprobe.untrusted import Unreadable
 
 _RETRY_STATUS = {502, 503, 504}
 
@@ -85,7 +86,22 @@ class Generation:
 
 def _reasoning_of(obj: dict[str, Any]) -> str:
     # vLLM >= 0.17 sends `reasoning`; older servers and some proxies send `reasoning_content`.
-    return obj.get("reasoning") or obj.get("reasoning_content") or ""
+    return _text(obj.get("reasoning") or obj.get("reasoning_content"))
+
+
+def _text(value: Any) -> str:
+    """A text field of an answer: null is empty; anything but a string is garbage."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise ValueError(f"a text field is {type(value).__name__}, not a string")
+    return value
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} is not a JSON object")
+    return value
 
 
 def _error_text(resp: httpx.Response) -> str:
@@ -202,16 +218,24 @@ class Client:
         await self._request("GET", "/health", idempotent=True)
         return True
 
+    def _unreadable(self, path: str, what: str) -> Unreadable:
+        return Unreadable(f"{self.name}: {path} {what}", server=self.name, path=path)
+
     async def version(self) -> str | None:
         try:
-            return (await self._get_json("/version")).get("version")
+            data = await self._get_json("/version")
         except ServerError as exc:
             if exc.status == 404:
                 return None
             raise
+        version = data.get("version") if isinstance(data, dict) else None
+        return version if isinstance(version, str) else None
 
     async def models(self) -> list[dict[str, Any]]:
-        data = (await self._get_json("/v1/models")).get("data") or []
+        body = await self._get_json("/v1/models")
+        data = (body.get("data") or []) if isinstance(body, dict) else None
+        if not isinstance(data, list) or not all(isinstance(m, dict) and isinstance(m.get("id"), str) for m in data):
+            raise self._unreadable("/v1/models", "is not a list of models with string ids")
         if data and self.model is None:
             self.model = data[0]["id"]
         return data
@@ -239,7 +263,12 @@ class Client:
                      "add_special_tokens": bool(add_special_tokens)}
             if chat_template_kwargs:
                 body["chat_template_kwargs"] = chat_template_kwargs
-        return (await self._post_json("/tokenize", body, idempotent=True))["tokens"]
+        data = await self._post_json("/tokenize", body, idempotent=True)
+        tokens = data.get("tokens") if isinstance(data, dict) else None
+        # Token ids go back into prompts and into max(): a string or a float among them is garbage.
+        if not isinstance(tokens, list) or not all(type(t) is int and t >= 0 for t in tokens):
+            raise self._unreadable("/tokenize", "did not answer a list of token ids")
+        return tokens
 
     async def tokenizer_info(self) -> dict[str, Any] | None:
         """GET /tokenizer_info (vLLM with --enable-tokenizer-info-endpoint); None when not offered."""
@@ -252,7 +281,11 @@ class Client:
 
     async def detokenize(self, tokens: list[int]) -> str:
         body: dict[str, Any] = {"tokens": tokens} | ({"model": self.model} if self.model else {})
-        return (await self._post_json("/detokenize", body, idempotent=True))["prompt"]
+        data = await self._post_json("/detokenize", body, idempotent=True)
+        text = data.get("prompt") if isinstance(data, dict) else None
+        if not isinstance(text, str):
+            raise self._unreadable("/detokenize", "did not answer a prompt string")
+        return text
 
     async def server_info(self) -> dict[str, Any] | None:
         """The full engine config (`/server_info?config_format=json`), served only when the server runs
@@ -293,13 +326,11 @@ class Client:
             gen.t_end, gen.error, gen.status = time.perf_counter(), str(exc), exc.status
             return gen
         gen.t_end = time.perf_counter()
-        choice = (data.get("choices") or [{}])[0]
-        message = choice.get("message") or {}
-        gen.content = message.get("content") or ""
-        gen.reasoning = _reasoning_of(message)
-        gen.finish_reason = choice.get("finish_reason")
-        gen.usage = data.get("usage")
-        gen.system_fingerprint = data.get("system_fingerprint")
+        try:
+            _apply_message(gen, data)
+        except ValueError as exc:
+            gen.error = f"{self.name}: /v1/chat/completions: unreadable answer: {exc}"
+            return gen
         gen.complete = True
         return gen
 
@@ -314,7 +345,7 @@ class Client:
         body.setdefault("stream_options", {"include_usage": True})
         payload = orjson.dumps(body)
         gen = Generation(t_start=time.perf_counter())
-        feed = _SseFeed(gen)
+        feed = _SseFeed(gen, f"{self.name}: {path}")
         try:
             if self._pool is not None:
                 status, error_body = await self._pool.post(path, payload, feed.feed)
@@ -346,18 +377,36 @@ class Client:
                 if feed.feed(data, time.perf_counter()):
                     return
 
+def _apply_message(gen: Generation, data: Any) -> None:
+    """A non-streaming chat answer into `gen`; ValueError when its shape is not an answer's."""
+    data = _object(data, "the answer")
+    choices = data.get("choices") or [{}]
+    if not isinstance(choices, list):
+        raise ValueError("choices is not a list")
+    choice = _object(choices[0], "choices[0]")
+    message = _object(choice.get("message") or {}, "choices[0].message")
+    gen.content = _text(message.get("content"))
+    gen.reasoning = _reasoning_of(message)
+    gen.finish_reason = choice.get("finish_reason")
+    usage = data.get("usage")
+    gen.usage = usage if isinstance(usage, dict) else None
+    fingerprint = data.get("system_fingerprint")
+    gen.system_fingerprint = fingerprint if isinstance(fingerprint, str) else None
+
+
 class _SseFeed:
     """Incremental SSE parser: bytes in, `data:` events applied to a Generation.
 
     Each `data:` line is one JSON event; `[DONE]` marks the stream complete. Pieces of text are
     collected in lists and joined once (string += per token is quadratic on long outputs)."""
 
-    __slots__ = ("_content", "_reasoning", "buf", "done", "gen")
+    __slots__ = ("_content", "_reasoning", "buf", "done", "gen", "where")
 
-    def __init__(self, gen: Generation):
+    def __init__(self, gen: Generation, where: str = "stream"):
         self.gen = gen
+        self.where = where  # "server: path", for the error line
         self.buf = b""
-        self.done = False
+        self.done = False  # nothing more is read: [DONE] came, or an event that cannot be read
         self._content: list[str] = []
         self._reasoning: list[str] = []
 
@@ -377,7 +426,14 @@ class _SseFeed:
                 self.buf = b""
                 return True
             if payload:
-                _apply_event(gen, loads(payload), now, self._reasoning, self._content)
+                try:
+                    _apply_event(gen, loads(payload), now, self._reasoning, self._content)
+                except ValueError as exc:  # orjson's decode error is one too
+                    # Never raise: with the stream pool this runs inside the protocol's callback.
+                    gen.error = f"{self.where}: unreadable stream event {bytes(payload[:80])!r}: {exc}"
+                    self.done = True
+                    self.buf = b""
+                    return True
         return False
 
     def close(self) -> None:
@@ -385,8 +441,10 @@ class _SseFeed:
         self.gen.content = "".join(self._content)
 
 
-def _apply_event(gen: Generation, event: dict[str, Any], now: float, reasoning_parts: list[str],
+def _apply_event(gen: Generation, event: Any, now: float, reasoning_parts: list[str],
                  content_parts: list[str]) -> None:
+    """One `data:` event into `gen`; ValueError when it is not the shape of one."""
+    event = _object(event, "the event")
     choices = event.get("choices")
     if not choices:
         if "error" in event:
@@ -394,17 +452,21 @@ def _apply_event(gen: Generation, event: dict[str, Any], now: float, reasoning_p
             gen.error = str(err.get("message") if isinstance(err, dict) else err)
             return
         choices = ()
-    if usage := event.get("usage"):
+    if not isinstance(choices, list | tuple):
+        raise ValueError("choices is not a list")
+    if isinstance(usage := event.get("usage"), dict) and usage:
         gen.usage = usage
-    if fingerprint := event.get("system_fingerprint"):
+    if isinstance(fingerprint := event.get("system_fingerprint"), str) and fingerprint:
         gen.system_fingerprint = fingerprint
     for choice in choices:
+        choice = _object(choice, "a choice")
         delta = choice.get("delta")
         if delta is None:  # completions stream
-            reasoning, content = "", choice.get("text") or ""
+            reasoning, content = "", _text(choice.get("text"))
         else:
+            delta = _object(delta, "a delta")
             reasoning = _reasoning_of(delta)
-            content = delta.get("content") or ""
+            content = _text(delta.get("content"))
         gen.chunks.append(Chunk(now, reasoning, content))
         if reasoning:
             reasoning_parts.append(reasoning)

@@ -26,6 +26,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from kvprobe.corpus import filler_ids
 from kvprobe.errors import ServerError
 from kvprobe.evaluation import EvalContext
+from kvprobe.untrusted import Unreadable, optional_count
 
 EVENT = "fill_done"
 
@@ -63,8 +64,16 @@ async def _fill_server(ctx: EvalContext, name: str, bar: Progress, task: Any) ->
                 else:
                     error = error or str(exc)
                 return
-            usage = data.get("usage") or {}
-            served += int(usage.get("prompt_tokens") or len(body_ids) + 8) + 1
+            try:
+                usage = data.get("usage") if isinstance(data, dict) else None
+                # a prompt longer than max_model_len was not prefilled: claiming it would fake the fill
+                prompt_tokens = optional_count(usage, "prompt_tokens", f"{name}: /v1/completions usage",
+                                               maximum=max_len)
+            except Unreadable as exc:
+                prompt_tokens = None
+                ctx.warn(f"{exc}: counting the prompt kvprobe sent instead")
+            # what the server says it prefilled; else what was sent, which it had to prefill
+            served += (prompt_tokens or len(body_ids) + 8) + 1
             requests += 1
             bar.update(task, completed=min(served, target))
 
