@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import asyncio
+import shlex
 import sys
 from pathlib import Path
 
 import click
 import orjson
 from rich.console import Console
+from rich.markup import escape
 
 from kvprobe import __version__
 from kvprobe.client import Client
@@ -143,8 +145,17 @@ def _report(run: RunDir, verdict: dict) -> None:
                       soft_wrap=True)
 
 
+def resume_hint(run: RunDir, servers_file: Path | None) -> str:
+    """What to do after Ctrl-C: the exact command that finishes the run, ready to paste."""
+    where = f"everything measured is in {run.path}"
+    if servers_file is None:  # a canary's settings are its own: `eval --resume` would refuse them
+        return f"{where}; run the canary again to finish"
+    command = ["kvprobe", "eval", "--servers", str(servers_file), "--resume", str(run.path)]
+    return f"{where}; finish it with `{shlex.join(command)}`"
+
+
 def _run(config, run: RunDir, probe_list: list[str], key: Path | None, resume: bool,
-         left_out: list[dict[str, str]] | None = None):  # -> EvalOutcome
+         left_out: list[dict[str, str]] | None = None, servers_file: Path | None = None):  # -> EvalOutcome
     from kvprobe.evaluation import run_eval_sync
 
     signing_key = _signing_key(key)
@@ -153,8 +164,9 @@ def _run(config, run: RunDir, probe_list: list[str], key: Path | None, resume: b
         outcome = run_eval_sync(config, run, probe_list, err_console, signing_key=signing_key, resume=resume,
                                 left_out=left_out)
     except KeyboardInterrupt:
-        err_console.print(f"[yellow]interrupted:[/yellow] everything measured is in {run.path}; finish it with "
-                          f"`kvprobe eval --servers FILE --resume {run.path}`", highlight=False, soft_wrap=True)
+        # escaped: a path with [brackets] is text, not rich markup
+        err_console.print("[yellow]interrupted:[/yellow] " + escape(resume_hint(run, servers_file)),
+                          highlight=False, soft_wrap=True)
         sys.exit(130)
     except KvprobeError as exc:
         _fail([str(exc)], exc.exit_code)
@@ -176,7 +188,7 @@ def _evaluate(config_path: Path, out: Path | None, probes: str | None, resume: P
     except ConfigError as exc:
         _fail(exc.problems)
     try:
-        outcome = _run(config, run, probe_list, key, resume is not None, left_out)
+        outcome = _run(config, run, probe_list, key, resume is not None, left_out, config_path)
     except ConfigError as exc:
         _fail(exc.problems)
     err_console.print(f"results in [bold]{run.path}[/bold]")
