@@ -24,7 +24,7 @@ import httpx
 import orjson
 
 from kvprobe.errors import AuthError, ServerError, Unreachable
-from kvprobe.streaming import StreamPool, proxied
+from kvprobe.streaming import NoResponse, StreamPool, proxied
 from kvprobe.untrusted import Unreadable
 
 _RETRY_STATUS = {502, 503, 504}
@@ -137,6 +137,7 @@ class Client:
         self.url = url.rstrip("/").removesuffix("/v1")
         self.retries = retries
         self.backoff_s = backoff_s
+        self.timeout_s = timeout_s
         hdrs = dict(headers or {})
         if api_key:
             hdrs["Authorization"] = f"Bearer {api_key}"
@@ -174,10 +175,17 @@ class Client:
         return ServerError(self.name, text, status=resp.status_code, path=path)
 
     def _unreachable(self, exc: Exception, path: str) -> Unreachable:
+        """No answer. A server that took the request and then stalled is not down: say which it was."""
         kind = type(exc).__name__
+        if isinstance(exc, httpx.ReadTimeout | httpx.WriteTimeout | NoResponse):
+            return Unreachable(self.name, f"{self.url}{path}: no response within {self.timeout_s:g} s ({kind})",
+                               path=path)
+        if isinstance(exc, httpx.PoolTimeout):
+            return Unreachable(self.name, f"{self.url}{path}: no free connection within {self.timeout_s:g} s "
+                                          f"({kind})", path=path)
         detail = str(exc) or kind
         if isinstance(exc, httpx.TimeoutException | TimeoutError):
-            detail = f"timed out ({kind})"
+            detail = f"timed out connecting ({kind})"
         return Unreachable(self.name, f"cannot reach {self.url}{path}: {detail}", path=path)
 
     async def _request(self, method: str, path: str, *, idempotent: bool, **kw: Any) -> httpx.Response:
@@ -356,14 +364,20 @@ class Client:
                 await self._stream_httpx(path, payload, gen, feed)
         except (httpx.TransportError, OSError, TimeoutError, httptools.HttpParserError) as exc:
             if not feed.done:  # after [DONE] the answer is whole, whatever happens to the connection
-                gen.error = str(self._unreachable(exc, path)) if not gen.chunks else (
-                    f"{self.name}: {path}: stream cut after {len(gen.chunks)} chunks ({type(exc).__name__})")
+                gen.error = str(self._unreachable(exc, path)) if not gen.chunks else self._cut(exc, path, gen)
         finally:
             gen.t_end = time.perf_counter()
             feed.close()
         if not gen.complete and gen.error is None:
             gen.error = f"{self.name}: {path}: stream ended before [DONE] after {len(gen.chunks)} chunks"
         return gen
+
+    def _cut(self, exc: Exception, path: str, gen: Generation) -> str:
+        kind = type(exc).__name__
+        if isinstance(exc, httpx.ReadTimeout | NoResponse):
+            return (f"{self.name}: {path}: stream stalled after {len(gen.chunks)} chunks: no data within "
+                    f"{self.timeout_s:g} s ({kind})")
+        return f"{self.name}: {path}: stream cut after {len(gen.chunks)} chunks ({kind})"
 
     async def _stream_httpx(self, path: str, payload: bytes, gen: Generation, feed: _SseFeed) -> None:
         async with self._http.stream("POST", path, content=payload,
