@@ -262,12 +262,12 @@ def load_checks(inputs: dict[str, Any], cand: str, bars: Bars) -> list[dict[str,
                                      f"{case} not measured on {who}", bars.throughput_drop_max) | {"case": case})
             continue
         rc, cc = ref_groups[key], cand_groups[key]
-        errors = sum(int(c.get("errors") or 0) for c in cc)
+        failed = {kind: sum(int(c.get(kind) or 0) for c in cc) for kind in ("errors", "incomplete")}
         check = _ratio_check("throughput_drop_max", "throughput drop", case, _samples(rc, "output_tokens_per_s"),
                              _samples(cc, "output_tokens_per_s"), bars.throughput_drop_max,
                              loss_from_ratio=lambda r: 1 - r, describe="drop")
-        if errors:
-            check["text"] += f"; {errors} failed requests on {cand}"
+        if any(failed.values()):
+            check["text"] += f"; {failed['errors']} failed and {failed['incomplete']} cut-off requests on {cand}"
         out.append(check)
         for key_p99, label in P99_KEYS:
             r, c = _samples(rc, key_p99), _samples(cc, key_p99)

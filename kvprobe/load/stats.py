@@ -110,7 +110,8 @@ def summarize_run(rows: Sequence[dict[str, Any]], duration_s: float, slo: Slo) -
     return {
         "requests": len(rows),
         "successes": len(ok),
-        "errors": len(rows) - len(ok),
+        # apart, as the statuses are: requests = successes + errors + incomplete
+        "errors": sum(1 for r in rows if r["status"] == "error"),
         "incomplete": sum(1 for r in rows if r["status"] == "incomplete"),
         "duration_s": _r(duration_s),
         "output_tokens": out_tokens,

@@ -178,6 +178,13 @@ def _ratio_cell(check: dict[str, Any] | None) -> str:
     return f"{check['ratio']:.2f}x{span} [{style}]{check['outcome']}[/{style}]"
 
 
+def _failed(case: dict[str, Any]) -> str:
+    """Errors, and streams cut off before [DONE] beside them: both are failed requests."""
+    errors, cut = case.get("errors") or 0, case.get("incomplete") or 0
+    text = f"{errors}" + (f"+{cut} cut" if cut else "")
+    return f"[red]{text}[/red]" if errors or cut else "0"
+
+
 def load_table(summary: dict[str, Any]) -> Table:
     """One row per server and case (throughput is the mean over runs, p99s over all requests); for
     candidates, ratios to the reference with their 95% intervals and outcome against the bars."""
@@ -196,7 +203,7 @@ def load_table(summary: dict[str, Any]) -> Table:
             kv = case.get("kv_usage_max")
             table.add_row(
                 label, case["shape"], str(case["agents"]), str(case["requests"]),
-                f"[red]{case['errors']}[/red]" if case["errors"] else "0",
+                _failed(case),
                 _num(case.get("output_tokens_per_s"), ",.0f"), _ms(case.get("ttft_p99_s")),
                 _ms(case.get("itl_p99_s")), _ms(case.get("e2e_p99_s")),
                 "-" if kv is None else f"{kv:.1%}", _num(case.get("preemptions")),
