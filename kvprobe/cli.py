@@ -1,5 +1,5 @@
 """Command line: parse, call, print. Exit codes: 0 ok, 1 a bar fails, 2 cannot run,
-3 invalid comparison, 4 a server is broken."""
+3 invalid comparison, 4 a server is broken, 5 (audit) some of what a server sent is unreadable."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from rich.markup import escape
 from kvprobe import __version__
 from kvprobe.client import Client
 from kvprobe.config import Server, load_config
-from kvprobe.errors import EXIT_CANNOT_RUN, ConfigError, KvprobeError
-from kvprobe.inventory import take_inventories
+from kvprobe.errors import EXIT_BROKEN, EXIT_CANNOT_RUN, EXIT_OK, EXIT_UNREADABLE, ConfigError, KvprobeError
+from kvprobe.inventory import NOT_TAKEN, Inventory, take_inventories
 from kvprobe.report.platform_text import platform_json
 from kvprobe.report.terminal import audit_table, capacity_table
 from kvprobe.store import RunDir
@@ -47,7 +47,12 @@ def main() -> None:
 @click.option("--smoke-fraction", default=0.5, show_default=True, help="smoke prompt, share of max_model_len")
 def audit(urls: tuple[str, ...], as_json: bool, api_key_env: str | None, no_smoke: bool,
           smoke_fraction: float) -> None:
-    """Inventory and capacity of one or many servers (probed concurrently)."""
+    """Inventory and capacity of one or many servers (probed concurrently).
+
+    Warnings go to stderr, with --json too. Exit: 0 audited, 2 a server cannot be audited
+    (unreachable, wrong key, answers kvprobe cannot read), 4 a server is broken (failed the smoke),
+    5 audited, but some endpoints or values are unreadable (garbage /metrics, a capacity of inf: each
+    is a warning line)."""
     problems = []
     for i, url in enumerate(urls):
         try:
@@ -84,18 +89,29 @@ def audit(urls: tuple[str, ...], as_json: bool, api_key_env: str | None, no_smok
                 "max_concurrency": cap.max_concurrency if cap else None, "kv_usage": inv.kv_usage,
                 "healthy": inv.healthy, "smoke_ok": inv.smoke.ok if inv.smoke else None,
                 "smoke": inv.smoke and inv.smoke.__dict__, **platform_json(inv.platform), "warnings": inv.warnings,
+                "unreadable": inv.unreadable,
             })
         click.echo(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode())
     else:
         out_console.print(audit_table(inventories))
-        for inv in inventories:
-            for warning in inv.warnings:
-                err_console.print(f"[yellow]warning:[/yellow] {inv.url}: {warning}", highlight=False)
+    for inv in inventories:  # stderr, so --json's stdout stays one JSON document
+        for warning in inv.warnings:
+            err_console.print(f"[yellow]warning:[/yellow] {escape(f'{inv.url}: {warning}')}", highlight=False,
+                              soft_wrap=True)
     failed = [inv for inv in inventories if inv.status != "ok"]
     for inv in failed:
-        err_console.print(f"[bold red]error:[/bold red] {inv.error}", highlight=False, soft_wrap=True)
-    if failed:
-        sys.exit(EXIT_CANNOT_RUN if any(i.status != "broken" for i in failed) else 4)
+        err_console.print(f"[bold red]error:[/bold red] {escape(inv.error or inv.name)}", highlight=False,
+                          soft_wrap=True)
+    sys.exit(audit_exit_code(inventories))
+
+
+def audit_exit_code(inventories: list[Inventory]) -> int:
+    """The most serious first: a server not audited, then a broken one, then unreadable answers."""
+    if any(inv.status in NOT_TAKEN for inv in inventories):
+        return EXIT_CANNOT_RUN
+    if any(inv.status != "ok" for inv in inventories):
+        return EXIT_BROKEN
+    return EXIT_UNREADABLE if any(inv.unreadable for inv in inventories) else EXIT_OK
 
 
 PROBES_HELP = ("comma-separated probes: capacity,perplexity,agreement,needle,load (the default) "

@@ -8,6 +8,7 @@ EXIT_BAR_FAILED = 1
 EXIT_CANNOT_RUN = 2
 EXIT_INVALID = 3
 EXIT_BROKEN = 4
+EXIT_UNREADABLE = 5  # audit: done, but something a server sent could not be read
 
 
 class KvprobeError(Exception):
