@@ -39,7 +39,7 @@ out_console = Console(width=None if sys.stdout.isatty() else 160)
 
 def _fail(lines: list[str], code: int = EXIT_CANNOT_RUN) -> None:
     for line in lines:
-        err_console.print(f"[bold red]error:[/bold red] {line}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]error:[/bold red] {escape(line)}", highlight=False, soft_wrap=True)
     sys.exit(code)
 
 
@@ -259,7 +259,7 @@ def _run(config, run: RunDir, probe_list: list[str], key: Path | None, resume: b
     elif "capacity" in outcome.ctx.results:
         out_console.print(capacity_table(outcome.ctx.results["capacity"]))
     for line in outcome.messages:
-        err_console.print(f"[bold red]error:[/bold red] {line}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]error:[/bold red] {escape(line)}", highlight=False, soft_wrap=True)
     return outcome
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from kvprobe import __version__
 from kvprobe.client import Client
@@ -67,14 +68,14 @@ class EvalContext:
         """A warning printed once per run, however many requests meet it."""
         if line not in self.warned:
             self.warned.add(line)
-            self.console.print(f"[yellow]warning:[/yellow] {line}", highlight=False, soft_wrap=True)
+            self.console.print(f"[yellow]warning:[/yellow] {escape(line)}", highlight=False, soft_wrap=True)
 
     def mark_broken(self, name: str, error: str) -> None:
         """A server failed during a probe: it gets no more requests; what it finished is kept."""
         if name not in self.broken:
             self.broken[name] = error
             self.run.event("broken", server=name, error=error)
-            self.console.print(f"[red]{name} is broken:[/red] {error}")
+            self.console.print(f"[red]{name} is broken:[/red] {escape(error)}")
 
 
 ProbeFn = Callable[[EvalContext], Awaitable[dict[str, Any]]]

@@ -107,3 +107,14 @@ def test_audit_of_a_models_list_it_cannot_read_exits_2(garbled: Replay) -> None:
 def test_audit_help_documents_exit_5() -> None:
     result = CliRunner().invoke(cli.main, ["audit", "--help"])
     assert "5 audited, but some endpoints or values are unreadable" in " ".join(result.output.split())
+
+
+def test_server_text_that_looks_like_markup_is_printed_as_text(garbled: Replay) -> None:
+    """rich reads "[/x]" as a closing tag and raises on it: a server's words are text, not markup."""
+    garbled.routes[("GET", "/version")] = lambda r: httpx.Response(200, json={"version": "0.32[/x]"})
+    garbled.routes[("POST", "/v1/completions")] = lambda r: httpx.Response(
+        500, json={"error": {"message": "engine died [/bold] in [red]prefill"}})
+    result = CliRunner().invoke(cli.main, ["audit", DEV])
+    assert result.exit_code == 4, result.output
+    assert "0.32[/x]" in result.stdout
+    assert "engine died [/bold] in [red]prefill" in result.stderr

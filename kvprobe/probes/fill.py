@@ -21,6 +21,7 @@ import random
 import time
 from typing import Any
 
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvprobe.corpus import filler_ids
@@ -109,7 +110,8 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
             ctx.console.print(f"[red]fill: {name} died[/red] after {row['served_tokens']:,} of the "
                               f"{row['claimed_tokens']:,} KV tokens it claims ({row['fraction_of_claimed']:.0%})")
         elif row.get("rejected"):
-            ctx.console.print(f"[yellow]fill: {name} not tested[/yellow]: it refused the requests: {row['rejected']}")
+            ctx.console.print(f"[yellow]fill: {name} not tested[/yellow]: it refused the requests: "
+                              f"{escape(row['rejected'])}")
         elif row.get("survived"):
             ctx.console.print(f"[green]fill: {name} held[/green] {row['served_tokens']:,} new tokens "
                               f"({row['fraction_of_claimed']:.2f}x its claimed {row['claimed_tokens']:,})")

@@ -6,6 +6,7 @@ from typing import Any
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from kvprobe.inventory import Inventory
@@ -29,10 +30,11 @@ def audit_table(inventories: list[Inventory]) -> Table:
             f"ok {inv.smoke.prompt_tokens} tok {inv.smoke.seconds:.1f}s" if inv.smoke.ok else "[red]FAIL[/red]")
         health = "[green]ok[/green]" if inv.healthy else f"[red]{inv.status}[/red]"
         table.add_row(
-            inv.url, inv.version or "-", inv.model or "-", _num(inv.max_model_len), inv.cache_dtype or "-",
+            escape(inv.url), escape(inv.version or "-"), escape(inv.model or "-"), _num(inv.max_model_len),
+            escape(inv.cache_dtype or "-"),
             _num(cap.kv_cache_tokens if cap else None), ("yes" if cap.estimate else "no") if cap else "-",
             _num(cap.max_concurrency if cap else None, ".1f"),
-            "-" if inv.kv_usage is None else f"{inv.kv_usage:.1%}", health, smoke, platform_text(inv.platform),
+            "-" if inv.kv_usage is None else f"{inv.kv_usage:.1%}", health, smoke, escape(platform_text(inv.platform)),
         )
     return table
 
@@ -86,7 +88,8 @@ def rich_table(data: Any) -> Table:
         table.add_column(header, overflow="fold")
     for row, tag in zip(data.rows, data.tags or [None] * len(data.rows), strict=False):
         style = _STYLE.get(tag or "")
-        table.add_row(*[f"[{style}]{c}[/{style}]" if style and c == tag else c for c in row])
+        # escaped: cells quote servers (errors, versions), and "[/x]" in one would be a markup error
+        table.add_row(*[f"[{style}]{escape(c)}[/{style}]" if style and c == tag else escape(c) for c in row])
     return table
 
 
@@ -117,7 +120,7 @@ def perplexity_table(summary: dict[str, Any]) -> Table:
     for name, row in summary.get("servers", {}).items():
         label = f"{name} (ref)" if name == summary.get("reference") else name
         if row.get("bits_per_byte") is None:
-            table.add_row(label, "-", "-", "-", "-", "-", f"[red]{row.get('error') or 'not measured'}[/red]")
+            table.add_row(label, "-", "-", "-", "-", "-", f"[red]{escape(row.get('error') or 'not measured')}[/red]")
             continue
         ci = row.get("ci95")
         noise = row.get("noise")
@@ -140,7 +143,7 @@ def agreement_table(summary: dict[str, Any]) -> Table:
     for name, row in summary.items():
         label = f"{name} (self)" if row.get("self") else name
         if not row.get("positions"):
-            table.add_row(label, "0", *["-"] * 8, f"[red]{row.get('error') or 'not measured'}[/red]")
+            table.add_row(label, "0", *["-"] * 8, f"[red]{escape(row.get('error') or 'not measured')}[/red]")
             continue
         outs = row.get("outcome") or {}
         verdicts = " ".join(f"{k}:{_OUTCOME_STYLE.get(v, v)}" for k, v in outs.items()) or "-"
