@@ -17,10 +17,10 @@ from rich.markup import escape
 from kvprobe import __version__
 from kvprobe.client import Client
 from kvprobe.config import Server, load_config
+from kvprobe.crash import Guarded, note_run, note_secrets
 from kvprobe.errors import (
     EXIT_BROKEN,
     EXIT_CANNOT_RUN,
-    EXIT_INTERNAL,
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_UNREADABLE,
@@ -43,62 +43,7 @@ def _fail(lines: list[str], code: int = EXIT_CANNOT_RUN) -> None:
     sys.exit(code)
 
 
-RUN_DIR, SECRET_ENV = "kvprobe.run_dir", "kvprobe.secret_env"  # click context meta, read by the guard
-
-
-def _meta() -> dict:
-    """The click context's meta: shared by every command's context, read by the top-level guard."""
-    ctx = click.get_current_context(silent=True)
-    return ctx.meta if ctx is not None else {}
-
-
-def _note_run(path: Path) -> None:
-    """A crash from here on is reported in this run directory."""
-    _meta()[RUN_DIR] = path
-
-
-def _note_secrets(env_names: list[str | None]) -> None:
-    """These environment variables hold API keys: a crash report must not show their values."""
-    _meta().setdefault(SECRET_ENV, set()).update(n for n in env_names if n)
-
-
-def _crashed(ctx: click.Context, exc: Exception) -> None:
-    from kvprobe.crash import report_text, secrets, write_crash
-
-    names = ctx.meta.get(SECRET_ENV, set())
-    path = write_crash(exc, run_dir=ctx.meta.get(RUN_DIR), secret_env=names)
-    where = f"the traceback is in {path}" if path else "no disk to write the traceback to, so here it is"
-    err_console.print(f"[bold red]internal error[/bold red] (a bug in kvprobe, not a result): "
-                      f"{escape(type(exc).__name__)}; {escape(where)}: please report it", highlight=False,
-                      soft_wrap=True)
-    if path is None:
-        err_console.print(escape(report_text(exc, sys.argv, secrets(names))), highlight=False)
-    sys.exit(EXIT_INTERNAL)
-
-
-class _Guarded(click.Group):
-    """The one top-level guard: a KvprobeError is its one line and exit code, Ctrl-C is 130, and any
-    other exception is a bug: exit 70 with its traceback in a file, never a traceback on screen nor
-    an exit code that reads like a measured outcome."""
-
-    def invoke(self, ctx: click.Context) -> object:
-        try:
-            return super().invoke(ctx)
-        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
-            raise  # usage errors and --help are click's to print
-        except KvprobeError as exc:
-            _fail(str(exc).splitlines() or [type(exc).__name__], exc.exit_code)
-        except KeyboardInterrupt:
-            run_dir = ctx.meta.get(RUN_DIR)
-            err_console.print("[yellow]interrupted[/yellow]" + (f": what was measured is in {escape(str(run_dir))}"
-                                                                if run_dir else ""), highlight=False, soft_wrap=True)
-            sys.exit(EXIT_INTERRUPTED)
-        except Exception as exc:
-            _crashed(ctx, exc)
-        return None
-
-
-@click.group(cls=_Guarded, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Guarded, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="kvprobe")
 def main() -> None:
     """Is a KV-cache setting worth deploying? Measure it against a gold reference."""
@@ -126,7 +71,7 @@ def audit(urls: tuple[str, ...], as_json: bool, api_key_env: str | None, no_smok
             problems.append(f"URL {url!r}: {str(exc).splitlines()[-1].strip()}")
     if problems:
         _fail(problems)
-    _note_secrets([api_key_env])
+    note_secrets([api_key_env])
     if api_key_env:
         import os
 
@@ -240,7 +185,7 @@ def _run(config, run: RunDir, probe_list: list[str], key: Path | None, resume: b
          left_out: list[dict[str, str]] | None = None, servers_file: Path | None = None):  # -> EvalOutcome
     from kvprobe.evaluation import run_eval_sync
 
-    _note_run(run.path)
+    note_run(run.path)
     signing_key = _signing_key(key)
     err_console.print(f"run directory: [bold]{run.path}[/bold]" + (" (resumed)" if resume else ""))
     try:
@@ -267,7 +212,7 @@ def _evaluate(config_path: Path, out: Path | None, probes: str | None, resume: P
               key: Path | None = None, left_out: list[dict[str, str]] | None = None) -> None:
     try:
         config = load_config(config_path)
-        _note_secrets([server.api_key_env for server in config.servers])
+        note_secrets([server.api_key_env for server in config.servers])
         run, probe_list = _open_run(out, resume, config, probes)
     except ConfigError as exc:
         _fail(exc.problems)
@@ -420,7 +365,7 @@ def report_cmd(run_dir: Path) -> None:
         run = RunDir.open(run_dir)
     except ConfigError as exc:
         _fail(exc.problems)
-    _note_run(run.path)
+    note_run(run.path)
     if run.has("verdict.json"):
         verdict = run.read_json("verdict.json")
     else:
@@ -447,7 +392,7 @@ def canary_cmd(servers_file: Path, baseline: Path | None, allowed_signers: Path 
 
     try:
         config = canary_config(load_config(servers_file))
-        _note_secrets([server.api_key_env for server in config.servers])
+        note_secrets([server.api_key_env for server in config.servers])
         base = None
         if baseline is not None:
             from kvprobe.verify import verify_verdict
