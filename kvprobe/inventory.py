@@ -149,6 +149,7 @@ async def take_inventory(
     """Everything kvprobe learns about one server before measuring it; never raises for a server
     problem: the problem is in .status and .error."""
     inv = Inventory(name=client.name, url=client.url, role=role)
+    sent_len = False
     try:
         inv.healthy = await client.health()
         inv.version = await client.version()
@@ -158,7 +159,8 @@ async def take_inventory(
         first = next((m for m in models if m.get("id") == client.model), models[0])
         root = first.get("root")
         inv.model, inv.model_root = first["id"], root if isinstance(root, str) else None
-        if first.get("max_model_len") is not None:
+        sent_len = first.get("max_model_len") is not None
+        if sent_len:
             try:
                 inv.max_model_len = number(first["max_model_len"], "/v1/models max_model_len", integer=True,
                                            minimum=1, maximum=MAX_MODEL_LEN)
@@ -188,7 +190,7 @@ async def take_inventory(
         inv.status, inv.error = "broken", str(exc)
         return inv
     if run_smoke:
-        if not inv.max_model_len and not any("max_model_len" in line for line in inv.unreadable):
+        if not sent_len:  # an unreadable one already has its line
             inv.warnings.append("max_model_len unknown: smoke prompt of 2048 tokens")
         unreadable: list[str] = []
         inv.smoke = await smoke_test(client, inv.max_model_len or 4096, smoke_fraction, smoke_max_tokens,
