@@ -1,21 +1,33 @@
 """Command line: parse, call, print. Exit codes: 0 ok, 1 a bar fails, 2 cannot run,
-3 invalid comparison, 4 a server is broken."""
+3 invalid comparison, 4 a server is broken, 5 (audit) some of what a server sent is unreadable,
+70 a bug in kvprobe (its traceback in a file, see kvprobe.crash), 130 interrupted."""
 
 from __future__ import annotations
 
 import asyncio
+import shlex
 import sys
 from pathlib import Path
 
 import click
 import orjson
 from rich.console import Console
+from rich.markup import escape
 
 from kvprobe import __version__
 from kvprobe.client import Client
 from kvprobe.config import Server, load_config
-from kvprobe.errors import EXIT_CANNOT_RUN, ConfigError, KvprobeError
-from kvprobe.inventory import take_inventories
+from kvprobe.crash import Guarded, note_run, note_secrets
+from kvprobe.errors import (
+    EXIT_BROKEN,
+    EXIT_CANNOT_RUN,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_UNREADABLE,
+    ConfigError,
+    KvprobeError,
+)
+from kvprobe.inventory import NOT_TAKEN, Inventory, take_inventories
 from kvprobe.report.platform_text import platform_json
 from kvprobe.report.terminal import audit_table, capacity_table
 from kvprobe.store import RunDir
@@ -27,11 +39,11 @@ out_console = Console(width=None if sys.stdout.isatty() else 160)
 
 def _fail(lines: list[str], code: int = EXIT_CANNOT_RUN) -> None:
     for line in lines:
-        err_console.print(f"[bold red]error:[/bold red] {line}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]error:[/bold red] {escape(line)}", highlight=False, soft_wrap=True)
     sys.exit(code)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Guarded, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="kvprobe")
 def main() -> None:
     """Is a KV-cache setting worth deploying? Measure it against a gold reference."""
@@ -45,7 +57,12 @@ def main() -> None:
 @click.option("--smoke-fraction", default=0.5, show_default=True, help="smoke prompt, share of max_model_len")
 def audit(urls: tuple[str, ...], as_json: bool, api_key_env: str | None, no_smoke: bool,
           smoke_fraction: float) -> None:
-    """Inventory and capacity of one or many servers (probed concurrently)."""
+    """Inventory and capacity of one or many servers (probed concurrently).
+
+    Warnings go to stderr, with --json too. Exit: 0 audited, 2 a server cannot be audited
+    (unreachable, wrong key, answers kvprobe cannot read), 4 a server is broken (failed the smoke),
+    5 audited, but some endpoints or values are unreadable (garbage /metrics, a capacity of inf: each
+    is a warning line)."""
     problems = []
     for i, url in enumerate(urls):
         try:
@@ -54,6 +71,7 @@ def audit(urls: tuple[str, ...], as_json: bool, api_key_env: str | None, no_smok
             problems.append(f"URL {url!r}: {str(exc).splitlines()[-1].strip()}")
     if problems:
         _fail(problems)
+    note_secrets([api_key_env])
     if api_key_env:
         import os
 
@@ -82,18 +100,29 @@ def audit(urls: tuple[str, ...], as_json: bool, api_key_env: str | None, no_smok
                 "max_concurrency": cap.max_concurrency if cap else None, "kv_usage": inv.kv_usage,
                 "healthy": inv.healthy, "smoke_ok": inv.smoke.ok if inv.smoke else None,
                 "smoke": inv.smoke and inv.smoke.__dict__, **platform_json(inv.platform), "warnings": inv.warnings,
+                "unreadable": inv.unreadable,
             })
         click.echo(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode())
     else:
         out_console.print(audit_table(inventories))
-        for inv in inventories:
-            for warning in inv.warnings:
-                err_console.print(f"[yellow]warning:[/yellow] {inv.url}: {warning}", highlight=False)
+    for inv in inventories:  # stderr, so --json's stdout stays one JSON document
+        for warning in inv.warnings:
+            err_console.print(f"[yellow]warning:[/yellow] {escape(f'{inv.url}: {warning}')}", highlight=False,
+                              soft_wrap=True)
     failed = [inv for inv in inventories if inv.status != "ok"]
     for inv in failed:
-        err_console.print(f"[bold red]error:[/bold red] {inv.error}", highlight=False, soft_wrap=True)
-    if failed:
-        sys.exit(EXIT_CANNOT_RUN if any(i.status != "broken" for i in failed) else 4)
+        err_console.print(f"[bold red]error:[/bold red] {escape(inv.error or inv.name)}", highlight=False,
+                          soft_wrap=True)
+    sys.exit(audit_exit_code(inventories))
+
+
+def audit_exit_code(inventories: list[Inventory]) -> int:
+    """The most serious first: a server not audited, then a broken one, then unreadable answers."""
+    if any(inv.status in NOT_TAKEN for inv in inventories):
+        return EXIT_CANNOT_RUN
+    if any(inv.status != "ok" for inv in inventories):
+        return EXIT_BROKEN
+    return EXIT_UNREADABLE if any(inv.unreadable for inv in inventories) else EXIT_OK
 
 
 PROBES_HELP = ("comma-separated probes: capacity,perplexity,agreement,needle,load (the default) "
@@ -143,19 +172,30 @@ def _report(run: RunDir, verdict: dict) -> None:
                       soft_wrap=True)
 
 
+def resume_hint(run: RunDir, servers_file: Path | None) -> str:
+    """What to do after Ctrl-C: the exact command that finishes the run, ready to paste."""
+    where = f"everything measured is in {run.path}"
+    if servers_file is None:  # a canary's settings are its own: `eval --resume` would refuse them
+        return f"{where}; run the canary again to finish"
+    command = ["kvprobe", "eval", "--servers", str(servers_file), "--resume", str(run.path)]
+    return f"{where}; finish it with `{shlex.join(command)}`"
+
+
 def _run(config, run: RunDir, probe_list: list[str], key: Path | None, resume: bool,
-         left_out: list[dict[str, str]] | None = None):  # -> EvalOutcome
+         left_out: list[dict[str, str]] | None = None, servers_file: Path | None = None):  # -> EvalOutcome
     from kvprobe.evaluation import run_eval_sync
 
+    note_run(run.path)
     signing_key = _signing_key(key)
     err_console.print(f"run directory: [bold]{run.path}[/bold]" + (" (resumed)" if resume else ""))
     try:
         outcome = run_eval_sync(config, run, probe_list, err_console, signing_key=signing_key, resume=resume,
                                 left_out=left_out)
     except KeyboardInterrupt:
-        err_console.print(f"[yellow]interrupted:[/yellow] everything measured is in {run.path}; finish it with "
-                          f"`kvprobe eval --servers FILE --resume {run.path}`", highlight=False, soft_wrap=True)
-        sys.exit(130)
+        # escaped: a path with [brackets] is text, not rich markup
+        err_console.print("[yellow]interrupted:[/yellow] " + escape(resume_hint(run, servers_file)),
+                          highlight=False, soft_wrap=True)
+        sys.exit(EXIT_INTERRUPTED)
     except KvprobeError as exc:
         _fail([str(exc)], exc.exit_code)
     verdict = outcome.ctx.results.get("verdict")
@@ -164,7 +204,7 @@ def _run(config, run: RunDir, probe_list: list[str], key: Path | None, resume: b
     elif "capacity" in outcome.ctx.results:
         out_console.print(capacity_table(outcome.ctx.results["capacity"]))
     for line in outcome.messages:
-        err_console.print(f"[bold red]error:[/bold red] {line}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]error:[/bold red] {escape(line)}", highlight=False, soft_wrap=True)
     return outcome
 
 
@@ -172,11 +212,12 @@ def _evaluate(config_path: Path, out: Path | None, probes: str | None, resume: P
               key: Path | None = None, left_out: list[dict[str, str]] | None = None) -> None:
     try:
         config = load_config(config_path)
+        note_secrets([server.api_key_env for server in config.servers])
         run, probe_list = _open_run(out, resume, config, probes)
     except ConfigError as exc:
         _fail(exc.problems)
     try:
-        outcome = _run(config, run, probe_list, key, resume is not None, left_out)
+        outcome = _run(config, run, probe_list, key, resume is not None, left_out, config_path)
     except ConfigError as exc:
         _fail(exc.problems)
     err_console.print(f"results in [bold]{run.path}[/bold]")
@@ -198,7 +239,8 @@ def eval_cmd(servers_file: Path, out: Path | None, resume: Path | None, probes: 
     """Measure every server in servers.toml against the reference; write, sign and report the verdict.
 
     Exit: 0 done (read the decisions), 1 no candidate adopted and one fails or does not pass a bar,
-    2 cannot run, 3 invalid comparison, 4 a server is broken, 130 interrupted (resume it)."""
+    2 cannot run, 3 invalid comparison, 4 a server is broken, 130 interrupted (resume it), 70 a bug
+    in kvprobe (the traceback is in DIR/crash.txt)."""
     _evaluate(servers_file, out, probes, resume, key)
 
 
@@ -323,6 +365,7 @@ def report_cmd(run_dir: Path) -> None:
         run = RunDir.open(run_dir)
     except ConfigError as exc:
         _fail(exc.problems)
+    note_run(run.path)
     if run.has("verdict.json"):
         verdict = run.read_json("verdict.json")
     else:
@@ -349,6 +392,7 @@ def canary_cmd(servers_file: Path, baseline: Path | None, allowed_signers: Path 
 
     try:
         config = canary_config(load_config(servers_file))
+        note_secrets([server.api_key_env for server in config.servers])
         base = None
         if baseline is not None:
             from kvprobe.verify import verify_verdict

@@ -24,7 +24,8 @@ import httpx
 import orjson
 
 from kvprobe.errors import AuthError, ServerError, Unreachable
-from kvprobe.streaming import StreamPool, proxied
+from kvprobe.streaming import NoResponse, StreamPool, proxied
+from kvprobe.untrusted import Unreadable
 
 _RETRY_STATUS = {502, 503, 504}
 
@@ -85,7 +86,22 @@ class Generation:
 
 def _reasoning_of(obj: dict[str, Any]) -> str:
     # vLLM >= 0.17 sends `reasoning`; older servers and some proxies send `reasoning_content`.
-    return obj.get("reasoning") or obj.get("reasoning_content") or ""
+    return _text(obj.get("reasoning") or obj.get("reasoning_content"))
+
+
+def _text(value: Any) -> str:
+    """A text field of an answer: null is empty; anything but a string is garbage."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise ValueError(f"a text field is {type(value).__name__}, not a string")
+    return value
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} is not a JSON object")
+    return value
 
 
 def _error_text(resp: httpx.Response) -> str:
@@ -121,6 +137,7 @@ class Client:
         self.url = url.rstrip("/").removesuffix("/v1")
         self.retries = retries
         self.backoff_s = backoff_s
+        self.timeout_s = timeout_s
         hdrs = dict(headers or {})
         if api_key:
             hdrs["Authorization"] = f"Bearer {api_key}"
@@ -158,10 +175,17 @@ class Client:
         return ServerError(self.name, text, status=resp.status_code, path=path)
 
     def _unreachable(self, exc: Exception, path: str) -> Unreachable:
+        """No answer. A server that took the request and then stalled is not down: say which it was."""
         kind = type(exc).__name__
+        if isinstance(exc, httpx.ReadTimeout | httpx.WriteTimeout | NoResponse):
+            return Unreachable(self.name, f"{self.url}{path}: no response within {self.timeout_s:g} s ({kind})",
+                               path=path)
+        if isinstance(exc, httpx.PoolTimeout):
+            return Unreachable(self.name, f"{self.url}{path}: no free connection within {self.timeout_s:g} s "
+                                          f"({kind})", path=path)
         detail = str(exc) or kind
         if isinstance(exc, httpx.TimeoutException | TimeoutError):
-            detail = f"timed out ({kind})"
+            detail = f"timed out connecting ({kind})"
         return Unreachable(self.name, f"cannot reach {self.url}{path}: {detail}", path=path)
 
     async def _request(self, method: str, path: str, *, idempotent: bool, **kw: Any) -> httpx.Response:
@@ -202,16 +226,24 @@ class Client:
         await self._request("GET", "/health", idempotent=True)
         return True
 
+    def _unreadable(self, path: str, what: str) -> Unreadable:
+        return Unreadable(f"{self.name}: {path} {what}", server=self.name, path=path)
+
     async def version(self) -> str | None:
         try:
-            return (await self._get_json("/version")).get("version")
+            data = await self._get_json("/version")
         except ServerError as exc:
             if exc.status == 404:
                 return None
             raise
+        version = data.get("version") if isinstance(data, dict) else None
+        return version if isinstance(version, str) else None
 
     async def models(self) -> list[dict[str, Any]]:
-        data = (await self._get_json("/v1/models")).get("data") or []
+        body = await self._get_json("/v1/models")
+        data = (body.get("data") or []) if isinstance(body, dict) else None
+        if not isinstance(data, list) or not all(isinstance(m, dict) and isinstance(m.get("id"), str) for m in data):
+            raise self._unreadable("/v1/models", "is not a list of models with string ids")
         if data and self.model is None:
             self.model = data[0]["id"]
         return data
@@ -239,7 +271,12 @@ class Client:
                      "add_special_tokens": bool(add_special_tokens)}
             if chat_template_kwargs:
                 body["chat_template_kwargs"] = chat_template_kwargs
-        return (await self._post_json("/tokenize", body, idempotent=True))["tokens"]
+        data = await self._post_json("/tokenize", body, idempotent=True)
+        tokens = data.get("tokens") if isinstance(data, dict) else None
+        # Token ids go back into prompts and into max(): a string or a float among them is garbage.
+        if not isinstance(tokens, list) or not all(type(t) is int and t >= 0 for t in tokens):
+            raise self._unreadable("/tokenize", "did not answer a list of token ids")
+        return tokens
 
     async def tokenizer_info(self) -> dict[str, Any] | None:
         """GET /tokenizer_info (vLLM with --enable-tokenizer-info-endpoint); None when not offered."""
@@ -252,7 +289,11 @@ class Client:
 
     async def detokenize(self, tokens: list[int]) -> str:
         body: dict[str, Any] = {"tokens": tokens} | ({"model": self.model} if self.model else {})
-        return (await self._post_json("/detokenize", body, idempotent=True))["prompt"]
+        data = await self._post_json("/detokenize", body, idempotent=True)
+        text = data.get("prompt") if isinstance(data, dict) else None
+        if not isinstance(text, str):
+            raise self._unreadable("/detokenize", "did not answer a prompt string")
+        return text
 
     async def server_info(self) -> dict[str, Any] | None:
         """The full engine config (`/server_info?config_format=json`), served only when the server runs
@@ -293,13 +334,11 @@ class Client:
             gen.t_end, gen.error, gen.status = time.perf_counter(), str(exc), exc.status
             return gen
         gen.t_end = time.perf_counter()
-        choice = (data.get("choices") or [{}])[0]
-        message = choice.get("message") or {}
-        gen.content = message.get("content") or ""
-        gen.reasoning = _reasoning_of(message)
-        gen.finish_reason = choice.get("finish_reason")
-        gen.usage = data.get("usage")
-        gen.system_fingerprint = data.get("system_fingerprint")
+        try:
+            _apply_message(gen, data)
+        except ValueError as exc:
+            gen.error = f"{self.name}: /v1/chat/completions: unreadable answer: {exc}"
+            return gen
         gen.complete = True
         return gen
 
@@ -314,7 +353,7 @@ class Client:
         body.setdefault("stream_options", {"include_usage": True})
         payload = orjson.dumps(body)
         gen = Generation(t_start=time.perf_counter())
-        feed = _SseFeed(gen)
+        feed = _SseFeed(gen, f"{self.name}: {path}")
         try:
             if self._pool is not None:
                 status, error_body = await self._pool.post(path, payload, feed.feed)
@@ -325,14 +364,20 @@ class Client:
                 await self._stream_httpx(path, payload, gen, feed)
         except (httpx.TransportError, OSError, TimeoutError, httptools.HttpParserError) as exc:
             if not feed.done:  # after [DONE] the answer is whole, whatever happens to the connection
-                gen.error = str(self._unreachable(exc, path)) if not gen.chunks else (
-                    f"{self.name}: {path}: stream cut after {len(gen.chunks)} chunks ({type(exc).__name__})")
+                gen.error = str(self._unreachable(exc, path)) if not gen.chunks else self._cut(exc, path, gen)
         finally:
             gen.t_end = time.perf_counter()
             feed.close()
         if not gen.complete and gen.error is None:
             gen.error = f"{self.name}: {path}: stream ended before [DONE] after {len(gen.chunks)} chunks"
         return gen
+
+    def _cut(self, exc: Exception, path: str, gen: Generation) -> str:
+        kind = type(exc).__name__
+        if isinstance(exc, httpx.ReadTimeout | NoResponse):
+            return (f"{self.name}: {path}: stream stalled after {len(gen.chunks)} chunks: no data within "
+                    f"{self.timeout_s:g} s ({kind})")
+        return f"{self.name}: {path}: stream cut after {len(gen.chunks)} chunks ({kind})"
 
     async def _stream_httpx(self, path: str, payload: bytes, gen: Generation, feed: _SseFeed) -> None:
         async with self._http.stream("POST", path, content=payload,
@@ -346,18 +391,36 @@ class Client:
                 if feed.feed(data, time.perf_counter()):
                     return
 
+def _apply_message(gen: Generation, data: Any) -> None:
+    """A non-streaming chat answer into `gen`; ValueError when its shape is not an answer's."""
+    data = _object(data, "the answer")
+    choices = data.get("choices") or [{}]
+    if not isinstance(choices, list):
+        raise ValueError("choices is not a list")
+    choice = _object(choices[0], "choices[0]")
+    message = _object(choice.get("message") or {}, "choices[0].message")
+    gen.content = _text(message.get("content"))
+    gen.reasoning = _reasoning_of(message)
+    gen.finish_reason = choice.get("finish_reason")
+    usage = data.get("usage")
+    gen.usage = usage if isinstance(usage, dict) else None
+    fingerprint = data.get("system_fingerprint")
+    gen.system_fingerprint = fingerprint if isinstance(fingerprint, str) else None
+
+
 class _SseFeed:
     """Incremental SSE parser: bytes in, `data:` events applied to a Generation.
 
     Each `data:` line is one JSON event; `[DONE]` marks the stream complete. Pieces of text are
     collected in lists and joined once (string += per token is quadratic on long outputs)."""
 
-    __slots__ = ("_content", "_reasoning", "buf", "done", "gen")
+    __slots__ = ("_content", "_reasoning", "buf", "done", "gen", "where")
 
-    def __init__(self, gen: Generation):
+    def __init__(self, gen: Generation, where: str = "stream"):
         self.gen = gen
+        self.where = where  # "server: path", for the error line
         self.buf = b""
-        self.done = False
+        self.done = False  # nothing more is read: [DONE] came, or an event that cannot be read
         self._content: list[str] = []
         self._reasoning: list[str] = []
 
@@ -377,7 +440,14 @@ class _SseFeed:
                 self.buf = b""
                 return True
             if payload:
-                _apply_event(gen, loads(payload), now, self._reasoning, self._content)
+                try:
+                    _apply_event(gen, loads(payload), now, self._reasoning, self._content)
+                except ValueError as exc:  # orjson's decode error is one too
+                    # Never raise: with the stream pool this runs inside the protocol's callback.
+                    gen.error = f"{self.where}: unreadable stream event {bytes(payload[:80])!r}: {exc}"
+                    self.done = True
+                    self.buf = b""
+                    return True
         return False
 
     def close(self) -> None:
@@ -385,8 +455,10 @@ class _SseFeed:
         self.gen.content = "".join(self._content)
 
 
-def _apply_event(gen: Generation, event: dict[str, Any], now: float, reasoning_parts: list[str],
+def _apply_event(gen: Generation, event: Any, now: float, reasoning_parts: list[str],
                  content_parts: list[str]) -> None:
+    """One `data:` event into `gen`; ValueError when it is not the shape of one."""
+    event = _object(event, "the event")
     choices = event.get("choices")
     if not choices:
         if "error" in event:
@@ -394,17 +466,21 @@ def _apply_event(gen: Generation, event: dict[str, Any], now: float, reasoning_p
             gen.error = str(err.get("message") if isinstance(err, dict) else err)
             return
         choices = ()
-    if usage := event.get("usage"):
+    if not isinstance(choices, list | tuple):
+        raise ValueError("choices is not a list")
+    if isinstance(usage := event.get("usage"), dict) and usage:
         gen.usage = usage
-    if fingerprint := event.get("system_fingerprint"):
+    if isinstance(fingerprint := event.get("system_fingerprint"), str) and fingerprint:
         gen.system_fingerprint = fingerprint
     for choice in choices:
+        choice = _object(choice, "a choice")
         delta = choice.get("delta")
         if delta is None:  # completions stream
-            reasoning, content = "", choice.get("text") or ""
+            reasoning, content = "", _text(choice.get("text"))
         else:
+            delta = _object(delta, "a delta")
             reasoning = _reasoning_of(delta)
-            content = delta.get("content") or ""
+            content = _text(delta.get("content"))
         gen.chunks.append(Chunk(now, reasoning, content))
         if reasoning:
             reasoning_parts.append(reasoning)

@@ -8,6 +8,9 @@ EXIT_BAR_FAILED = 1
 EXIT_CANNOT_RUN = 2
 EXIT_INVALID = 3
 EXIT_BROKEN = 4
+EXIT_UNREADABLE = 5  # audit: done, but something a server sent could not be read
+EXIT_INTERRUPTED = 130  # Ctrl-C: the shell's 128 + SIGINT
+EXIT_INTERNAL = 70  # a bug in kvprobe (EX_SOFTWARE), never a measured outcome
 
 
 class KvprobeError(Exception):

@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from kvprobe import __version__
 from kvprobe.client import Client
 from kvprobe.config import Config
 from kvprobe.errors import EXIT_BROKEN, EXIT_CANNOT_RUN, EXIT_INVALID, EXIT_OK, ConfigError
-from kvprobe.inventory import Inventory, take_inventories
+from kvprobe.inventory import NOT_TAKEN, Inventory, take_inventories
 from kvprobe.pin import PinCheck, check_pin
 from kvprobe.probes.capacity import capacity_summary, memory_map_summary
 from kvprobe.sign import SigningKey, sign_file
@@ -45,6 +46,7 @@ class EvalContext:
     console: Console
     results: dict[str, Any] = field(default_factory=dict)
     broken: dict[str, str] = field(default_factory=dict)  # server -> last error, set by probes
+    warned: set[str] = field(default_factory=set)
 
     @property
     def reference(self) -> str:
@@ -62,12 +64,18 @@ class EvalContext:
             names.append(server.name)
         return names
 
+    def warn(self, line: str) -> None:
+        """A warning printed once per run, however many requests meet it."""
+        if line not in self.warned:
+            self.warned.add(line)
+            self.console.print(f"[yellow]warning:[/yellow] {escape(line)}", highlight=False, soft_wrap=True)
+
     def mark_broken(self, name: str, error: str) -> None:
         """A server failed during a probe: it gets no more requests; what it finished is kept."""
         if name not in self.broken:
             self.broken[name] = error
             self.run.event("broken", server=name, error=error)
-            self.console.print(f"[red]{name} is broken:[/red] {error}")
+            self.console.print(f"[red]{name} is broken:[/red] {escape(error)}")
 
 
 ProbeFn = Callable[[EvalContext], Awaitable[dict[str, Any]]]
@@ -101,6 +109,14 @@ async def _capacity_probe(ctx: EvalContext) -> dict[str, Any]:
     if memmap:
         ctx.console.print(f"memory map: {memmap.get('conclusion') or memmap.get('skipped')}", highlight=False)
     return summary
+
+
+def cannot_run_lines(inventories: list[Inventory]) -> list[str]:
+    """One line per reason the comparison cannot start: a server out of reach, or one whose answers
+    cannot be read (a comparison built on a garbled max_model_len or capacity measures nothing)."""
+    lines = [inv.error or inv.name for inv in inventories if inv.status in NOT_TAKEN]
+    lines += [f"{inv.name}: {line}" for inv in inventories if inv.status not in NOT_TAKEN for line in inv.unreadable]
+    return lines
 
 
 def make_clients(config: Config, transport: Any = None) -> dict[str, Client]:
@@ -197,9 +213,9 @@ async def run_eval(
         run.event("pin", **pin.to_dict())
         ctx = EvalContext(config, run, clients, invs, pin, console)
 
-        unreachable = [inv for inv in inventories if inv.status in ("unreachable", "unauthorized")]
-        if unreachable:
-            return EvalOutcome(EXIT_CANNOT_RUN, [inv.error or inv.name for inv in unreachable], ctx)
+        cannot_run = cannot_run_lines(inventories)
+        if cannot_run:
+            return EvalOutcome(EXIT_CANNOT_RUN, cannot_run, ctx)
 
         table = _probe_table()
         unknown = [p for p in probes if p not in table]

@@ -17,8 +17,12 @@ from kvprobe.corpus import filler_ids, filler_text
 from kvprobe.errors import AuthError, KvprobeError, ServerError, Unreachable
 from kvprobe.platform import Platform, platform_from_system_env
 from kvprobe.scrape import Capacity, parse_metrics
+from kvprobe.untrusted import MAX_MODEL_LEN, Unreadable, number, optional_count
 
-Status = Literal["ok", "unreachable", "unauthorized", "broken"]
+# unreadable: it answered, but not in a shape kvprobe can read (its model list, its token ids)
+Status = Literal["ok", "unreachable", "unauthorized", "unreadable", "broken"]
+# No inventory could be taken: nothing to compare, and the run cannot start (exit 2).
+NOT_TAKEN = ("unreachable", "unauthorized", "unreadable")
 
 
 @dataclass
@@ -53,6 +57,8 @@ class Inventory:
     platform: Platform | None = None  # None: no /server_info, the platform is not exposed
     smoke: Smoke | None = None
     warnings: list[str] = field(default_factory=list)
+    # What the server sent that could not be read (each also a warning): the field is None instead.
+    unreadable: list[str] = field(default_factory=list)
     metrics_text: str | None = field(default=None, repr=False)
 
     @property
@@ -66,6 +72,10 @@ class Inventory:
     @property
     def serving(self) -> bool:
         return self.status == "ok"
+
+    def cannot_read(self, line: str) -> None:
+        self.warnings.append(line)
+        self.unreadable.append(line)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -86,7 +96,9 @@ class Inventory:
 
 
 async def smoke_test(client: Client, max_model_len: int, fraction: float, max_tokens: int,
-                     has_tokenize: bool) -> Smoke:
+                     has_tokenize: bool, unreadable: list[str] | None = None) -> Smoke:
+    """The first-prefill smoke; a usage count the server sent that is not a count goes to `unreadable`
+    (the smoke is judged on the text it generated)."""
     target = max(16, int(max_model_len * fraction))
     # A fresh random prefix makes every block's hash new: a prefix-cache hit is not a prefill.
     prefix = f"kvprobe smoke {secrets.token_hex(8)}\n"
@@ -100,15 +112,30 @@ async def smoke_test(client: Client, max_model_len: int, fraction: float, max_to
         seconds = time.perf_counter() - t0
     except ServerError as exc:
         return Smoke(ok=False, target_tokens=target, error=exc.detail if exc.status else str(exc))
-    choice = (data.get("choices") or [{}])[0]
-    usage = data.get("usage") or {}
+    data = data if isinstance(data, dict) else {}
+    choices = data.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    usage = data.get("usage")
+    counts: dict[str, int | None] = {}
+    for key in ("prompt_tokens", "completion_tokens"):
+        try:
+            counts[key] = optional_count(usage, key, "/v1/completions usage")
+        except Unreadable as exc:
+            counts[key] = None
+            if unreadable is not None:
+                unreadable.append(str(exc))
     text = choice.get("text")
-    if not isinstance(text, str) or not usage.get("completion_tokens"):
+    # With its count unreadable, the text itself shows whether anything was generated.
+    garbled = isinstance(usage, dict) and usage.get("completion_tokens") is not None \
+        and counts["completion_tokens"] is None
+    generated = bool(text) if garbled else bool(counts["completion_tokens"])
+    if not isinstance(text, str) or not generated:
         return Smoke(ok=False, target_tokens=target, seconds=seconds,
                      error=f"no tokens generated (finish_reason={choice.get('finish_reason')!r})")
-    return Smoke(ok=True, prompt_tokens=usage.get("prompt_tokens"), target_tokens=target, seconds=seconds,
+    fingerprint = data.get("system_fingerprint")
+    return Smoke(ok=True, prompt_tokens=counts["prompt_tokens"], target_tokens=target, seconds=seconds,
                  output=text[:200], approximate=approximate,
-                 system_fingerprint=data.get("system_fingerprint"))
+                 system_fingerprint=fingerprint if isinstance(fingerprint, str) else None)
 
 
 async def take_inventory(
@@ -122,6 +149,7 @@ async def take_inventory(
     """Everything kvprobe learns about one server before measuring it; never raises for a server
     problem: the problem is in .status and .error."""
     inv = Inventory(name=client.name, url=client.url, role=role)
+    sent_len = False
     try:
         inv.healthy = await client.health()
         inv.version = await client.version()
@@ -129,8 +157,15 @@ async def take_inventory(
         if not models:
             raise ServerError(client.name, "/v1/models lists no model", path="/v1/models")
         first = next((m for m in models if m.get("id") == client.model), models[0])
-        inv.model, inv.model_root = first.get("id"), first.get("root")
-        inv.max_model_len = first.get("max_model_len")
+        root = first.get("root")
+        inv.model, inv.model_root = first["id"], root if isinstance(root, str) else None
+        sent_len = first.get("max_model_len") is not None
+        if sent_len:
+            try:
+                inv.max_model_len = number(first["max_model_len"], "/v1/models max_model_len", integer=True,
+                                           minimum=1, maximum=MAX_MODEL_LEN)
+            except Unreadable as exc:
+                inv.cannot_read(str(exc))
         await _read_metrics(client, inv)
         if (info := await client.server_info()) is not None:
             inv.server_info = engine_facts(info)
@@ -148,14 +183,20 @@ async def take_inventory(
     except Unreachable as exc:
         inv.status, inv.error = "unreachable", str(exc)
         return inv
+    except Unreadable as exc:
+        inv.status, inv.error = "unreadable", str(exc)
+        return inv
     except ServerError as exc:
         inv.status, inv.error = "broken", str(exc)
         return inv
     if run_smoke:
-        if not inv.max_model_len:
+        if not sent_len:  # an unreadable one already has its line
             inv.warnings.append("max_model_len unknown: smoke prompt of 2048 tokens")
+        unreadable: list[str] = []
         inv.smoke = await smoke_test(client, inv.max_model_len or 4096, smoke_fraction, smoke_max_tokens,
-                                     inv.has_tokenize)
+                                     inv.has_tokenize, unreadable)
+        for line in unreadable:
+            inv.cannot_read(line)
         if not inv.smoke.ok:
             inv.status = "broken"
             inv.error = f"{client.name}: first-prefill smoke ({inv.smoke.target_tokens} tokens) failed: " \
@@ -203,11 +244,17 @@ async def _read_metrics(client: Client, inv: Inventory) -> None:
         inv.warnings.append(f"/metrics unavailable: {exc.detail}")
         return
     except KvprobeError as exc:
-        inv.warnings.append(str(exc))
+        inv.cannot_read(str(exc))
         return
+    for line in snap.unreadable:
+        inv.cannot_read(line)
     inv.cache_config = snap.cache_config
-    inv.capacity = snap.capacity()
     inv.kv_usage = snap.kv_usage
+    try:
+        inv.capacity = snap.capacity()
+    except Unreadable as exc:
+        inv.cannot_read(f"{exc}: KV capacity unreadable")
+        return
     if snap.cache_config is None:
         inv.warnings.append("/metrics has no vllm:cache_config_info: cache config and capacity unknown")
     elif inv.capacity and inv.capacity.estimate:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvprobe.inventory import Inventory
+from kvprobe.inventory import NOT_TAKEN, Inventory
 from kvprobe.platform import Platform, platform_facts
 
 # cache_config_info labels that follow from cache_dtype (vllm-interface.md §1, pinning recipe step 4),
@@ -149,8 +149,8 @@ def check_pin(reference: Inventory, candidates: list[Inventory]) -> PinCheck:
     result = PinCheck(valid=True)
     ref = _facts(reference)
     for cand in candidates:
-        if cand.status in ("unreachable", "unauthorized"):
-            result.unchecked.append(f"{cand.name}: not reachable, not compared")
+        if cand.status in NOT_TAKEN:
+            result.unchecked.append(f"{cand.name}: not inventoried ({cand.status}), not compared")
             continue
         facts = _facts(cand)
         diffs = []

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from kvprobe.untrusted import Unreadable, number
+
 # The flags vLLM's CPU backend picks kernels by (AVX-512 vs AVX2 builds, the bf16/VNNI paths, AMX);
 # the other hundred-odd flags change nothing kvprobe measures.
 KERNEL_FLAGS = frozenset({"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "amx_int8"})
@@ -57,13 +59,9 @@ def _text(value: Any) -> str | None:
 
 
 def _int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
     try:
-        return int(str(value).strip())
-    except ValueError:
+        return number(value, "platform", integer=True, minimum=0, maximum=2**31, text=True)
+    except Unreadable:  # missing or garbled: the fact is unknown, and then not compared
         return None
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvprobe.errors import MetricsError
+from kvprobe.untrusted import MAX_TOKENS, Unreadable, number
 
 # Old name -> current name. vLLM renamed the usage gauge and prefix-cache counters in v0.9.2
 # (PR #18354), hid the old names in 0.11 and removed them in late 2025; servers of every age exist.
@@ -32,6 +33,14 @@ GENERATION_TOKENS = "vllm:generation_tokens_total"
 CACHE_CONFIG = "vllm:cache_config_info"
 
 COUNTERS = (PREEMPTIONS, PREFIX_QUERIES, PREFIX_HITS, PROMPT_TOKENS, GENERATION_TOKENS)
+# What kvprobe reads from the samples, and what a sane value is. Other series may be NaN (an empty
+# summary) without it being anyone's concern.
+_SAMPLE_RANGES: dict[str, dict[str, Any]] = {
+    KV_USAGE: {"minimum": 0, "maximum": 1},
+    RUNNING: {"minimum": 0, "maximum": MAX_TOKENS},
+    WAITING: {"minimum": 0, "maximum": MAX_TOKENS},
+    **{name: {"minimum": 0} for name in COUNTERS},
+}
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,7 @@ class MetricsSnapshot:
     samples: dict[str, list[tuple[dict[str, str], float]]] = field(default_factory=dict)
     cache_config: dict[str, str] | None = None
     cache_config_engines: list[dict[str, str]] = field(default_factory=list)
+    unreadable: list[str] = field(default_factory=list)  # samples left out, each naming its series
 
     def total(self, name: str) -> float | None:
         """Sum over every series of `name` (engines, model names); None when absent."""
@@ -81,38 +91,38 @@ class MetricsSnapshot:
         return out
 
     def capacity(self) -> Capacity | None:
-        """kv_cache_size_tokens when the server reports it (vLLM >= mid-2026), else blocks x size."""
+        """kv_cache_size_tokens when the server reports it (vLLM >= mid-2026), else blocks x size.
+        None when the labels are absent; Unreadable when one is there but is not a sane number: a
+        capacity built on "inf" or "-5" would be a wrong measurement, so there is no estimate then."""
         if not self.cache_config_engines:
             return None
-        tokens = _sum_label(self.cache_config_engines, "kv_cache_size_tokens")
-        blocks = _sum_label(self.cache_config_engines, "num_gpu_blocks")
-        block_size = _int(self.cache_config.get("block_size")) if self.cache_config else None
-        conc = _sum_label(self.cache_config_engines, "kv_cache_max_concurrency", cast=float)
+        tokens = _sum_label(self.cache_config_engines, "kv_cache_size_tokens", minimum=1)
+        blocks = _sum_label(self.cache_config_engines, "num_gpu_blocks", minimum=1)
+        block_size = _label(self.cache_config_engines[0], "block_size", minimum=1)
+        conc = _sum_label(self.cache_config_engines, "kv_cache_max_concurrency", minimum=0, integer=False)
         if tokens is not None:
-            return Capacity(int(tokens), False, conc, blocks, block_size)
+            return Capacity(tokens, False, conc, blocks, block_size)
         if blocks is not None and block_size is not None:
-            return Capacity(int(blocks * block_size), True, conc, blocks, block_size)
+            return Capacity(number(blocks * block_size, f"{CACHE_CONFIG} num_gpu_blocks x block_size", integer=True,
+                                   maximum=MAX_TOKENS), True, conc, blocks, block_size)
         return None
 
 
-def _int(value: str | None) -> int | None:
-    try:
-        return int(float(value)) if value not in (None, "None", "") else None
-    except ValueError:
+def _label(labels: dict[str, str], name: str, *, minimum: float, integer: bool = True,
+           engine: bool = False) -> Any:
+    """A cache_config_info label as a number; None when absent (vLLM writes unset values as "None")."""
+    raw = labels.get(name)
+    if raw in (None, "None", ""):
         return None
+    where = f" (engine {labels.get('engine')})" if engine else ""
+    return number(raw, f"/metrics {CACHE_CONFIG} {name}{where}", integer=integer, minimum=minimum,
+                  maximum=MAX_TOKENS, text=True)
 
 
-def _sum_label(engines: list[dict[str, str]], label: str, cast: type = int) -> Any:
-    values = []
-    for labels in engines:
-        raw = labels.get(label)
-        if raw in (None, "None", ""):
-            return None
-        try:
-            values.append(cast(float(raw)) if cast is int else cast(raw))
-        except ValueError:
-            return None
-    return sum(values) if values else None
+def _sum_label(engines: list[dict[str, str]], name: str, *, minimum: float, integer: bool = True) -> Any:
+    """The label summed over engines (each has its own pool); None when any engine lacks it."""
+    values = [_label(labels, name, minimum=minimum, integer=integer, engine=len(engines) > 1) for labels in engines]
+    return None if not values or None in values else sum(values)
 
 
 def parse_metrics(text: str) -> MetricsSnapshot:
@@ -122,7 +132,15 @@ def parse_metrics(text: str) -> MetricsSnapshot:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 name = ALIASES.get(sample.name, sample.name)
-                snap.samples.setdefault(name, []).append((dict(sample.labels), float(sample.value)))
+                value = sample.value
+                if name in _SAMPLE_RANGES:
+                    try:
+                        value = number(value, f"/metrics {name}", **_SAMPLE_RANGES[name])
+                    except Unreadable as exc:
+                        if str(exc) not in snap.unreadable:
+                            snap.unreadable.append(str(exc))
+                        continue
+                snap.samples.setdefault(name, []).append((dict(sample.labels), float(value)))
     except (ValueError, TypeError, IndexError) as exc:
         raise MetricsError(f"/metrics is not valid Prometheus text: {exc}") from None
     engines = [labels for labels, _ in snap.samples.get(CACHE_CONFIG, [])]

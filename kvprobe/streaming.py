@@ -34,6 +34,10 @@ def proxied(url: str) -> bool:
     return not proxy_bypass(parts.hostname or "")
 
 
+class NoResponse(TimeoutError):
+    """Connected and sent, then nothing for timeout_s: the server took the request and stalled."""
+
+
 class _Conn(asyncio.Protocol):
     """One connection; one response at a time."""
 
@@ -203,7 +207,7 @@ class StreamPool:
         while True:
             idle = time.perf_counter() - conn.last
             if idle >= self.timeout_s:
-                raise TimeoutError(f"no data for {self.timeout_s:g} s")
+                raise NoResponse(f"no data for {self.timeout_s:g} s")
             finished, _ = await asyncio.wait({done}, timeout=self.timeout_s - idle)
             if finished:
                 return done.result()

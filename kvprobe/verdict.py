@@ -2,7 +2,8 @@
 
 Per candidate, most serious first:
   invalid       the one-knob check failed (each differing field is named);
-  broken        the server could not serve (inventory smoke, or a probe hit a server failure);
+  broken        the server could not serve (inventory smoke, or a probe hit a server failure); the
+                bars measured before the failure are still judged and listed with it;
   reject        a bar is failed: the whole interval is on the wrong side of it (which bar, by how much);
   no_gain       no bar fails but the capacity gain is under capacity_gain_min ("frees nothing");
   inconclusive  capacity gain is there and nothing fails, but some bar is not shown to pass: its
@@ -261,12 +262,12 @@ def load_checks(inputs: dict[str, Any], cand: str, bars: Bars) -> list[dict[str,
                                      f"{case} not measured on {who}", bars.throughput_drop_max) | {"case": case})
             continue
         rc, cc = ref_groups[key], cand_groups[key]
-        errors = sum(int(c.get("errors") or 0) for c in cc)
+        failed = {kind: sum(int(c.get(kind) or 0) for c in cc) for kind in ("errors", "incomplete")}
         check = _ratio_check("throughput_drop_max", "throughput drop", case, _samples(rc, "output_tokens_per_s"),
                              _samples(cc, "output_tokens_per_s"), bars.throughput_drop_max,
                              loss_from_ratio=lambda r: 1 - r, describe="drop")
-        if errors:
-            check["text"] += f"; {errors} failed requests on {cand}"
+        if any(failed.values()):
+            check["text"] += f"; {failed['errors']} failed and {failed['incomplete']} cut-off requests on {cand}"
         out.append(check)
         for key_p99, label in P99_KEYS:
             r, c = _samples(rc, key_p99), _samples(cc, key_p99)
@@ -297,6 +298,15 @@ def capacity_of(inputs: dict[str, Any], name: str) -> int | None:
 
 # -- the decision --------------------------------------------------------------------------------
 
+def _broken(base: dict[str, Any], checks: list[dict[str, Any]], why: str) -> dict[str, Any]:
+    """Broken stays the decision, but what was measured before the failure is judged and said: a
+    candidate that fails a quality bar and then crashes fails that bar too."""
+    measured = [c for c in checks if c["outcome"] != "not_measured"]
+    reasons = [why] + [f"also fails {c['bar']}: {c['text']}" if c["outcome"] == "fail"
+                       else f"measured before it broke: {c['text']}" for c in measured]
+    return base | {"decision": "broken", "checks": checks, "reasons": reasons}
+
+
 def _decide_candidate(inputs: dict[str, Any], cand: str, bars: Bars) -> dict[str, Any]:
     ref = inputs["reference"]
     server = inputs["servers"].get(cand) or {}
@@ -308,15 +318,13 @@ def _decide_candidate(inputs: dict[str, Any], cand: str, bars: Bars) -> dict[str
     if differences:
         return base | {"decision": "invalid",
                        "reasons": ["servers differ in more than the KV dtype: " + d["text"] for d in differences]}
-    if server.get("status") not in (None, "ok"):
-        return base | {"decision": "broken", "reasons": [f"{cand} could not serve ({server.get('status')}): "
-                                                         f"{server.get('error') or 'no detail'}"]}
-    if cand in inputs.get("broken", {}):
-        return base | {"decision": "broken",
-                       "reasons": [f"{cand} failed during a probe: {inputs['broken'][cand]}"]}
-
     checks = [perplexity_check(inputs, cand, bars), *agreement_checks(inputs, cand, bars),
               needle_check(inputs, cand, bars), *load_checks(inputs, cand, bars)]
+    if server.get("status") not in (None, "ok"):
+        return _broken(base, checks, f"{cand} could not serve ({server.get('status')}): "
+                                     f"{server.get('error') or 'no detail'}")
+    if cand in inputs.get("broken", {}):
+        return _broken(base, checks, f"{cand} failed during a probe: {inputs['broken'][cand]}")
     notes = []
     ref_server = inputs["servers"].get(ref) or {}
     if ref_server.get("status") not in (None, "ok") or ref in inputs.get("broken", {}):

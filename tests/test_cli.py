@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 from click.testing import CliRunner
-from replay import MultiReplay, Replay, dev_server_info
+from replay import MultiReplay, Replay, capture, dev_server_info
 from rich.console import Console
 
 from kvprobe import cli
@@ -58,3 +58,63 @@ async def test_audit_table_shows_each_platform() -> None:
     dev_line, plain_line = (next(line for line in out.getvalue().splitlines() if url in line) for url in (DEV, PLAIN))
     assert "AMD EPYC (25/17) avx2 avx512_bf16 avx512_vnni avx512f" in dev_line
     assert "platform not exposed" in plain_line and "EPYC" not in plain_line
+
+
+GARBAGE = "<html><body>Log in</body></html>\n"
+
+
+@pytest.fixture
+def garbled(monkeypatch: pytest.MonkeyPatch) -> Replay:
+    """One replayed server (auto-8101) whose routes a test garbles."""
+    replay = Replay("auto-8101")
+    multi = MultiReplay({"127.0.0.1:8101": replay})
+    monkeypatch.setattr(cli, "Client", lambda name, url, **kw: Client(name, url, transport=multi.transport(),
+                                                                     backoff_s=0, **kw))
+    return replay
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_audit_of_garbage_metrics_warns_on_stderr_and_exits_5(garbled: Replay, as_json: bool) -> None:
+    garbled.routes[("GET", "/metrics")] = lambda r: httpx.Response(200, text=GARBAGE)
+    args = ["audit", "--no-smoke", DEV] + (["--json"] if as_json else [])
+    result = CliRunner().invoke(cli.main, args)
+    assert result.exit_code == 5, result.output
+    (warning,) = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert warning.startswith(f"warning: {DEV}: /metrics is not valid Prometheus text")
+    if as_json:
+        (row,) = json.loads(result.stdout)  # stdout stays one JSON document
+        assert row["unreadable"] == [warning.removeprefix(f"warning: {DEV}: ")] and row["kv_cache_tokens"] is None
+
+
+def test_audit_of_an_infinite_capacity_names_the_label_and_exits_5(garbled: Replay) -> None:
+    text = capture("auto-8101", "metrics_fresh").decode().replace('kv_cache_size_tokens="1048576"',
+                                                                   'kv_cache_size_tokens="inf"')
+    garbled.routes[("GET", "/metrics")] = lambda r: httpx.Response(200, text=text)
+    result = CliRunner().invoke(cli.main, ["audit", "--json", DEV])
+    assert result.exit_code == 5 and "Traceback" not in result.output
+    assert [line for line in result.stderr.splitlines() if line.startswith(("warning:", "error:"))] == [
+        f"warning: {DEV}: /metrics vllm:cache_config_info kv_cache_size_tokens 'inf' is not a finite number: "
+        "KV capacity unreadable"]
+
+
+def test_audit_of_a_models_list_it_cannot_read_exits_2(garbled: Replay) -> None:
+    garbled.routes[("GET", "/v1/models")] = lambda r: httpx.Response(200, json=[1, 2])
+    result = CliRunner().invoke(cli.main, ["audit", DEV])
+    assert result.exit_code == 2
+    assert f"error: {DEV}: /v1/models is not a list of models with string ids" in result.stderr
+
+
+def test_audit_help_documents_exit_5() -> None:
+    result = CliRunner().invoke(cli.main, ["audit", "--help"])
+    assert "5 audited, but some endpoints or values are unreadable" in " ".join(result.output.split())
+
+
+def test_server_text_that_looks_like_markup_is_printed_as_text(garbled: Replay) -> None:
+    """rich reads "[/x]" as a closing tag and raises on it: a server's words are text, not markup."""
+    garbled.routes[("GET", "/version")] = lambda r: httpx.Response(200, json={"version": "0.32[/x]"})
+    garbled.routes[("POST", "/v1/completions")] = lambda r: httpx.Response(
+        500, json={"error": {"message": "engine died [/bold] in [red]prefill"}})
+    result = CliRunner().invoke(cli.main, ["audit", DEV])
+    assert result.exit_code == 4, result.output
+    assert "0.32[/x]" in result.stdout
+    assert "engine died [/bold] in [red]prefill" in result.stderr

@@ -87,6 +87,46 @@ async def test_refused_connection_is_unreachable_after_retries() -> None:
     assert "cannot reach http://127.0.0.1:9/health" in str(info.value)
 
 
+async def test_a_request_that_stalls_says_no_response_not_cannot_reach() -> None:
+    """Accepted, then nothing within timeout_s (httpx ReadTimeout): the server is up but stalled."""
+    def stall(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    async with client_for(stall, timeout_s=42) as client:
+        with pytest.raises(Unreachable) as info:
+            await client.models()
+        gen = await client.stream_chat({"messages": []})
+        with pytest.raises(Unreachable) as generation:
+            await client.completions({"prompt": "x"})
+    assert str(info.value) == "srv: http://127.0.0.1:9/v1/models: no response within 42 s (ReadTimeout)"
+    assert "cannot reach" not in gen.error and "no response within 42 s" in gen.error
+    assert "no response within 42 s" in str(generation.value)
+
+
+async def test_a_stream_that_never_answers_through_the_pool_says_no_response() -> None:
+    import asyncio
+
+    async def accept_then_stall(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await asyncio.sleep(5)
+        writer.close()
+
+    server = await asyncio.start_server(accept_then_stall, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server, Client("srv", f"http://127.0.0.1:{port}", timeout_s=0.3) as client:
+        gen = await client.stream_chat({"messages": []})
+    assert gen.error.startswith(f"srv: http://127.0.0.1:{port}/v1/chat/completions: no response within 0.3 s")
+
+
+async def test_a_connect_timeout_is_cannot_reach() -> None:
+    def slow_connect(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectTimeout("timed out", request=request)
+
+    async with client_for(slow_connect) as client:
+        with pytest.raises(Unreachable, match=r"cannot reach http://127\.0\.0\.1:9/health: timed out connecting"):
+            await client.health()
+
+
 async def test_401_is_an_auth_error_naming_the_key() -> None:
     async with client_for(lambda r: httpx.Response(401, json={"error": "Unauthorized"}), api_key="sk-x") as client:
         with pytest.raises(AuthError) as info:

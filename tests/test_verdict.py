@@ -157,6 +157,42 @@ def test_broken_at_smoke_and_broken_during_a_probe(tmp_path):
     assert v["exit_code"] == 4
 
 
+def test_a_candidate_that_fails_quality_then_crashes_is_broken_and_still_fails_the_bar(tmp_path):
+    from kvprobe.report.tables import perplexity_table
+
+    m = Measurements()
+    m.perplexity["servers"]["cand"].update(delta=0.19, ci95=[0.14, 0.24], outcome="fail")
+    m.load = None  # it died in the load probe, after perplexity
+    m.broken_events.append(("cand", "cand: load: connection reset"))
+    v = verdict_of(m, tmp_path)
+    d = v["decisions"]["cand"]
+    assert d["decision"] == "broken" and v["exit_code"] == 4
+    assert d["reasons"][0] == "cand failed during a probe: cand: load: connection reset"
+    assert outcomes(v, "perplexity_delta_max") == ["fail"]
+    assert outcomes(v, "needle_recall_drop_max") == ["pass"]  # measured before the crash, and said
+    assert any(r.startswith("also fails perplexity_delta_max: perplexity delta +19.00%") for r in d["reasons"])
+    assert any(r.startswith("measured before it broke: needle recall 20/20") for r in d["reasons"])
+    assert not any("not measured" in r for r in d["reasons"])  # the probe it never reached is in checks only
+    assert {c["outcome"] for c in d["checks"] if c["probe"] == "load"} == {"not_measured"}
+    row = next(r for r in perplexity_table(v).rows if r[0] == "cand")
+    assert row[-1] == "fail"
+    assert rederive(orjson.loads(verdict_bytes(v))) == []  # `kvprobe verify` agrees
+
+
+def test_a_candidate_broken_at_the_smoke_has_only_its_failure_as_reason(tmp_path):
+    m = Measurements()
+    m.status["cand"] = ("broken", "cand: first-prefill smoke (4096 tokens) failed: HTTP 500")
+    m.perplexity["servers"].pop("cand")
+    m.needle["cases"] = needle_cases("ref", 20)
+    m.needle["servers"].pop("cand")
+    m.load["servers"].pop("cand")
+    v = verdict_of(m, tmp_path)
+    d = v["decisions"]["cand"]
+    assert d["decision"] == "broken" and len(d["reasons"]) == 1 and "HTTP 500" in d["reasons"][0]
+    assert {c["outcome"] for c in d["checks"]} == {"not_measured"}
+    assert rederive(orjson.loads(verdict_bytes(v))) == []
+
+
 def test_the_largest_adopted_capacity_wins_ties_go_to_config_order(tmp_path):
     m = Measurements()
     m.servers += [("big", "candidate", 400_000, "fp8"), ("big2", "candidate", 400_000, "fp8")]

@@ -85,7 +85,8 @@ class CaseRunner:
     async def _send(self, agent: int, index: int, turn: int) -> None:
         body = request_body(self._conv(agent, index), turn, self.settings, self.shape, self.overrides)
         gen = await self.client.stream_chat(body)
-        row = request_row(gen, self.out.t_start) | {"agent": agent, "conversation": index, "turn": turn}
+        row = request_row(gen, self.out.t_start, self.client.name)
+        row |= {"agent": agent, "conversation": index, "turn": turn}
         if self._stop.is_set() and self.out.dead:
             return  # the server died meanwhile: this request belongs to the dead case, not a measurement
         self.out.rows.append(row)

@@ -48,11 +48,17 @@ class MetricsSampler:
 
     async def _scrape(self) -> MetricsSnapshot | None:
         try:
-            return parse_metrics(await self.client.metrics_text())
+            snap = parse_metrics(await self.client.metrics_text())
         except KvprobeError as exc:
-            if len(self.errors) < 5:
-                self.errors.append(str(exc))
+            self._error(str(exc))
             return None
+        for line in snap.unreadable:  # those samples are left out of the snapshot
+            self._error(line)
+        return snap
+
+    def _error(self, line: str) -> None:
+        if len(self.errors) < 5 and line not in self.errors:
+            self.errors.append(line)
 
     def _record(self, snap: MetricsSnapshot) -> None:
         gauges = snap.gauges()

@@ -17,6 +17,7 @@ import numpy as np
 from kvprobe.client import Generation
 from kvprobe.config import Bars, Slo
 from kvprobe.stats import Interval, Outcome, bar_outcome, loss_interval, percentiles, ratio_interval
+from kvprobe.untrusted import Unreadable, optional_count
 
 Status = Literal["ok", "incomplete", "error"]
 
@@ -36,24 +37,35 @@ def status_of(gen: Generation) -> Status:
     return "error"
 
 
-def request_row(gen: Generation, t_case: float) -> dict[str, Any]:
-    """What one request measured (times in seconds; t0 relative to the case start)."""
-    usage = gen.usage or {}
+def _usage(gen: Generation, key: str, server: str, problems: list[str]) -> int | None:
+    try:
+        return optional_count(gen.usage, key, f"{server}: usage")
+    except Unreadable as exc:
+        problems.append(str(exc))
+        return None
+
+
+def request_row(gen: Generation, t_case: float, server: str = "server") -> dict[str, Any]:
+    """What one request measured (times in seconds; t0 relative to the case start). A usage count the
+    server garbled is left out (tokens are then counted from the stream) and named in `unreadable`."""
+    problems: list[str] = []
     times = gen.token_times  # one pass over the chunks for TTFT, ITL and the count
-    out = usage.get("completion_tokens")
+    out = _usage(gen, "completion_tokens", server, problems)
     row: dict[str, Any] = {
         "status": status_of(gen),
         "t0": _r(gen.t_start - t_case),
         "ttft": _r(times[0] - gen.t_start if times else None),
         "itl": [_r(b - a) for a, b in itertools.pairwise(times)],
         "e2e": _r(gen.e2e),
-        "prompt_tokens": usage.get("prompt_tokens"),
+        "prompt_tokens": _usage(gen, "prompt_tokens", server, problems),
         "output_tokens": out if out is not None else len(times),
         "output_tokens_from_usage": out is not None,
         "finish_reason": gen.finish_reason,
         "error": gen.error,
         "http_status": gen.status,
     }
+    if problems:
+        row["unreadable"] = "; ".join(problems)
     row["tpot"] = tpot(row)
     return row
 
@@ -98,7 +110,8 @@ def summarize_run(rows: Sequence[dict[str, Any]], duration_s: float, slo: Slo) -
     return {
         "requests": len(rows),
         "successes": len(ok),
-        "errors": len(rows) - len(ok),
+        # apart, as the statuses are: requests = successes + errors + incomplete
+        "errors": sum(1 for r in rows if r["status"] == "error"),
         "incomplete": sum(1 for r in rows if r["status"] == "incomplete"),
         "duration_s": _r(duration_s),
         "output_tokens": out_tokens,

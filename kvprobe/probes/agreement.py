@@ -45,7 +45,7 @@ async def fetch_positions(client: Client, prefix: int, ids: list[int], max_model
             if exc.status == 400 and "logprob" in exc.detail.lower():
                 raise ConfigError([f"{client.name}: {exc.detail}: lower agreement.top_k in servers.toml"]) from None
             raise
-        got = parse_prompt_logprobs(data)
+        got = parse_prompt_logprobs(data, client.name)
         if len(got) != len(window) + 1:
             raise ServerError(client.name, f"{len(got)} prompt logprobs for a {len(window) + 1}-token prompt",
                               path="/v1/completions")

@@ -7,6 +7,7 @@ from typing import Any
 
 from kvprobe.inventory import Inventory
 from kvprobe.pin import PinCheck
+from kvprobe.untrusted import MAX_TOKENS, Unreadable, number
 
 
 def capacity_summary(reference: str, inventories: dict[str, Inventory], pin: PinCheck) -> dict[str, Any]:
@@ -45,12 +46,16 @@ def memory_map_summary(config_path: str, reference: str, inventories: dict[str, 
         value = labels.get(name)
         return value if value in allowed else default
 
-    memory = labels.get("kv_cache_memory_bytes", "")
+    try:
+        memory = number(labels.get("kv_cache_memory_bytes"), "kv_cache_memory_bytes", integer=True, minimum=1,
+                        maximum=MAX_TOKENS * 2**20, text=True)
+    except Unreadable:  # the allocator's default then: the prediction says which memory it assumed
+        memory = Settings.kv_memory_bytes
     # The weights' dtype as served ("torch.float32"), which "auto" KV takes; only /server_info shows it.
     served = str((ref.server_info or {}).get("vllm_config.model_config.dtype") or "").removeprefix("torch.")
     settings = Settings(
         model_dtype=served if served in STATE_DTYPE_BYTES else None,
-        kv_memory_bytes=int(memory) if memory.isdigit() else Settings.kv_memory_bytes,
+        kv_memory_bytes=memory,
         mamba_cache_dtype=label("mamba_cache_dtype", MAMBA_DTYPES, "auto"),
         mamba_ssm_cache_dtype=label("mamba_ssm_cache_dtype", MAMBA_DTYPES, "auto"),
     )

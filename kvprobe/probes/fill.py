@@ -21,11 +21,13 @@ import random
 import time
 from typing import Any
 
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvprobe.corpus import filler_ids
 from kvprobe.errors import ServerError
 from kvprobe.evaluation import EvalContext
+from kvprobe.untrusted import Unreadable, optional_count
 
 EVENT = "fill_done"
 
@@ -63,8 +65,16 @@ async def _fill_server(ctx: EvalContext, name: str, bar: Progress, task: Any) ->
                 else:
                     error = error or str(exc)
                 return
-            usage = data.get("usage") or {}
-            served += int(usage.get("prompt_tokens") or len(body_ids) + 8) + 1
+            try:
+                usage = data.get("usage") if isinstance(data, dict) else None
+                # a prompt longer than max_model_len was not prefilled: claiming it would fake the fill
+                prompt_tokens = optional_count(usage, "prompt_tokens", f"{name}: /v1/completions usage",
+                                               maximum=max_len)
+            except Unreadable as exc:
+                prompt_tokens = None
+                ctx.warn(f"{exc}: counting the prompt kvprobe sent instead")
+            # what the server says it prefilled; else what was sent, which it had to prefill
+            served += (prompt_tokens or len(body_ids) + 8) + 1
             requests += 1
             bar.update(task, completed=min(served, target))
 
@@ -100,7 +110,8 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
             ctx.console.print(f"[red]fill: {name} died[/red] after {row['served_tokens']:,} of the "
                               f"{row['claimed_tokens']:,} KV tokens it claims ({row['fraction_of_claimed']:.0%})")
         elif row.get("rejected"):
-            ctx.console.print(f"[yellow]fill: {name} not tested[/yellow]: it refused the requests: {row['rejected']}")
+            ctx.console.print(f"[yellow]fill: {name} not tested[/yellow]: it refused the requests: "
+                              f"{escape(row['rejected'])}")
         elif row.get("survived"):
             ctx.console.print(f"[green]fill: {name} held[/green] {row['served_tokens']:,} new tokens "
                               f"({row['fraction_of_claimed']:.2f}x its claimed {row['claimed_tokens']:,})")

@@ -163,6 +163,8 @@ async def _run_unit(ctx: EvalContext, name: str, shape: Shape, agents: int, repe
 
     def on_row(row: dict[str, Any]) -> None:
         writer.event("load_request", **ids, **row)
+        if row.get("unreadable"):
+            ctx.warn(f"{row['unreadable']}: output tokens counted from the stream")
         done["n"] += 1
         progress.update(task, description=f"{label} · {done['n']} req")
 

@@ -24,6 +24,7 @@ from kvprobe.needle.summary import paired, server_summary
 from kvprobe.needle.tokens import Encoder, ServerEncoder, load_tiktoken
 from kvprobe.report.heatmap import paired_heatmap, status_heatmap
 from kvprobe.report.terminal import needle_table
+from kvprobe.untrusted import Unreadable, optional_count
 
 EVENT = "needle_case"
 CASES_FILE = "needle/cases.json"
@@ -84,8 +85,15 @@ async def _plan(ctx: EvalContext, names: list[str]) -> tuple[str, list[dict[str,
 def _record(ctx: EvalContext, server: str, plan_id: str, case: dict[str, Any], gen: Generation,
             max_tokens: int) -> dict[str, Any]:
     status, where = score(gen, case["value"])
-    usage = gen.usage or {}
-    prompt_tokens = usage.get("prompt_tokens")
+    counts: dict[str, int | None] = {}
+    for key, instead in (("prompt_tokens", "the planned prompt length is recorded instead"),
+                         ("completion_tokens", "left out")):
+        try:
+            counts[key] = optional_count(gen.usage, key, f"{server}: usage")
+        except Unreadable as exc:
+            counts[key] = None
+            ctx.warn(f"{exc}: {instead}")
+    prompt_tokens = counts["prompt_tokens"]
     return ctx.run.event(
         EVENT, server=server, plan=plan_id, id=case["id"], status=status, found_in=where,
         # the server's own count of what it was sent, when it says; else the planned count
@@ -94,7 +102,7 @@ def _record(ctx: EvalContext, server: str, plan_id: str, case: dict[str, Any], g
         planned_length_tokens=case["length_tokens"], depth_tokens=case["depth_tokens"],
         target_length=case["target_length"], target_depth=case["target_depth"], template=case["template"],
         value=case["value"], finish_reason=gen.finish_reason, prompt_tokens=prompt_tokens,
-        completion_tokens=usage.get("completion_tokens"), max_tokens=max_tokens, seconds=round(gen.e2e, 3),
+        completion_tokens=counts["completion_tokens"], max_tokens=max_tokens, seconds=round(gen.e2e, 3),
         reasoning=gen.reasoning, content=gen.content, error=gen.error, http_status=gen.status,
     )
 

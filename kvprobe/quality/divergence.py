@@ -16,23 +16,39 @@ from typing import Any
 
 import numpy as np
 
+from kvprobe.untrusted import Unreadable, number
+
 TopK = dict[int, float]  # token id -> logprob, at one position
 
+# A logprob is at most 0; float rounding in a server's log-softmax may overshoot by a hair.
+_LOGPROB_MAX = 1e-3
 # Leftover mass below this is rounding, not probability.
 _MASS_EPS = 1e-9
 # A candidate whose reported tokens hold all its mass still gives the leftover tokens some probability.
 _Q_FLOOR = 1e-10
 
 
-def parse_prompt_logprobs(response: dict[str, Any]) -> list[TopK | None]:
+def parse_prompt_logprobs(response: dict[str, Any], server: str = "server") -> list[TopK | None]:
     """vLLM /v1/completions `prompt_logprobs`: per position {token_id: logprob}; None where the
-    server gives nothing (the first position, which has no context)."""
-    choices = response.get("choices") or []
-    if not choices or choices[0].get("prompt_logprobs") is None:
-        raise ValueError("response has no choices[0].prompt_logprobs")
+    server gives nothing (the first position, which has no context). Unreadable when the answer has
+    none or a logprob is not a finite number at most 0 (a NaN would poison every mean after it)."""
+    where = f"{server}: /v1/completions prompt_logprobs"
+    choices = response.get("choices") if isinstance(response, dict) else None
+    first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    entries = first.get("prompt_logprobs")
+    if not isinstance(entries, list):
+        raise Unreadable(f"{where}: the answer has no choices[0].prompt_logprobs list", server=server)
     out: list[TopK | None] = []
-    for entry in choices[0]["prompt_logprobs"]:
-        out.append(None if entry is None else {int(tok): float(v["logprob"]) for tok, v in entry.items()})
+    for pos, entry in enumerate(entries):
+        if entry is None:
+            out.append(None)
+            continue
+        if not isinstance(entry, dict):
+            raise Unreadable(f"{where}[{pos}] is not an object", server=server)
+        out.append({number(tok, f"{where}[{pos}] token id", integer=True, minimum=0, text=True):
+                    number(v.get("logprob") if isinstance(v, dict) else v, f"{where}[{pos}][{tok}].logprob",
+                           maximum=_LOGPROB_MAX)
+                    for tok, v in entry.items()})
     return out
 
 

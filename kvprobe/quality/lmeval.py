@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from kvprobe.corpus import TASKS_DIR
+from kvprobe.untrusted import Unreadable, number
 
 # Before lm-eval pulls in datasets / huggingface_hub / transformers / tqdm, which read these once.
 for _var in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
@@ -222,6 +223,31 @@ def task_passages(task: str, limit: int | None = None, tasks_dir: Path = TASKS_D
     return out
 
 
+# A logprob is at most 0; a server's float rounding may overshoot by a hair.
+_LOGPROB_MAX = 1e-3
+
+
+def check_logprobs(server: str, outputs: Any, ctxlens: list[int]) -> None:
+    """Unreadable unless `outputs` has the shape lm-eval's parse_logprobs reads, with finite logprobs
+    at the positions it sums (each choice's token_logprobs[ctxlen:-1])."""
+    where = f"{server}: /v1/completions"
+    for out in outputs if isinstance(outputs, list) else [outputs]:
+        choices = out.get("choices") if isinstance(out, dict) else None
+        if not isinstance(choices, list) or not all(
+                isinstance(c, dict) and type(c.get("index")) is int and isinstance(c.get("logprobs"), dict)
+                for c in choices):
+            raise Unreadable(f"{where}: the answer has no choices with an index and logprobs", server=server)
+        for choice, ctxlen in zip(sorted(choices, key=lambda c: c["index"]), ctxlens, strict=False):
+            logprobs = choice["logprobs"]
+            token_logprobs, top = logprobs.get("token_logprobs"), logprobs.get("top_logprobs")
+            if not isinstance(token_logprobs, list) or not isinstance(top, list):
+                raise Unreadable(f"{where}: logprobs has no token_logprobs and top_logprobs lists", server=server)
+            for i in range(ctxlen, len(token_logprobs) - 1):
+                number(token_logprobs[i], f"{where} logprobs.token_logprobs[{i}]", maximum=_LOGPROB_MAX)
+            if not all(isinstance(t, dict) for t in top[ctxlen:-1]):
+                raise Unreadable(f"{where}: logprobs.top_logprobs has an entry that is not an object", server=server)
+
+
 def _model_class() -> type:
     """Built on first use, so importing kvprobe never imports lm-eval."""
     global _MODEL_CLASS
@@ -233,10 +259,18 @@ def _model_class() -> type:
     class KvprobeCompletions(LocalCompletionsAPI):
         """lm-eval's local-completions with all windows of all passages scheduled together."""
 
-        def __init__(self, *, on_window: WindowCallback | None = None, **kwargs: Any):
+        def __init__(self, *, on_window: WindowCallback | None = None, server: str = "server", **kwargs: Any):
             super().__init__(**kwargs)
             self.on_window = on_window
+            self.server = server
             self.windows_sent = 0
+
+        def parse_logprobs(self, outputs: Any, tokens: Any = None, ctxlens: list[int] | None = None,
+                           **kwargs: Any) -> list[tuple[float, bool]]:
+            """lm-eval's own reading, once what it sums is checked: a NaN logprob would give a NaN
+            perplexity, a string one a TypeError deep in lm-eval."""
+            check_logprobs(self.server, outputs, ctxlens or [])
+            return super().parse_logprobs(outputs, tokens, ctxlens, **kwargs)
 
         def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
             windows: list[tuple[None, list[int], list[int]]] = []
@@ -310,6 +344,7 @@ def make_model(target: Target, on_window: WindowCallback | None = None) -> Any:
         "auth_token": target.api_key,
         "custom_prefix_token_id": target.prefix_token_id,
         "on_window": on_window,
+        "server": target.name,
     }
     if target.tokenizer.backend == "huggingface":
         kwargs["tokenizer"] = target.tokenizer.path
@@ -357,7 +392,8 @@ def evaluate(target: Target, task: str, limit: int | None, on_window: WindowCall
     docs = []
     for sample in sorted(out["samples"][task], key=lambda s: s["doc_id"]):
         resp = sample["filtered_resps"][0]
-        loglikelihood = float(resp[0] if isinstance(resp, list | tuple) else resp)
+        loglikelihood = number(resp[0] if isinstance(resp, list | tuple) else resp,
+                               f"{target.name}: passage {sample['doc_id']} log-likelihood", maximum=_LOGPROB_MAX)
         target_text = sample["target"]
         words = sample["word_perplexity"][1] if "word_perplexity" in sample else \
             ConfigurableTask.count_words(target_text)

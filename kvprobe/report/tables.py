@@ -162,11 +162,13 @@ def load_table(v: dict[str, Any]) -> TableData | None:
                 return "-" if x is None else f"{x:.3f}s"
 
             errors = sum(int(r.get("errors") or 0) for r in rows)
+            cut = sum(int(r.get("incomplete") or 0) for r in rows)
+            failed = str(errors) + (f" (+{cut} cut off)" if cut else "")
             t.rows.append([name, " ".join(key), str(len(rows)), num(sum(int(r.get("requests") or 0) for r in rows)),
-                           str(errors), num(m("output_tokens_per_s"), ".1f"), s(m("ttft_p99_s")), s(m("itl_p99_s")),
+                           failed, num(m("output_tokens_per_s"), ".1f"), s(m("ttft_p99_s")), s(m("itl_p99_s")),
                            s(m("e2e_p99_s")), "-" if m("kv_usage_max") is None else f"{m('kv_usage_max'):.1%}",
                            num(m("preemptions"), ".0f")])
-            t.tags.append("broken" if errors else None)
+            t.tags.append("broken" if errors or cut else None)
     return t
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from kvprobe.inventory import Inventory
@@ -29,10 +30,11 @@ def audit_table(inventories: list[Inventory]) -> Table:
             f"ok {inv.smoke.prompt_tokens} tok {inv.smoke.seconds:.1f}s" if inv.smoke.ok else "[red]FAIL[/red]")
         health = "[green]ok[/green]" if inv.healthy else f"[red]{inv.status}[/red]"
         table.add_row(
-            inv.url, inv.version or "-", inv.model or "-", _num(inv.max_model_len), inv.cache_dtype or "-",
+            escape(inv.url), escape(inv.version or "-"), escape(inv.model or "-"), _num(inv.max_model_len),
+            escape(inv.cache_dtype or "-"),
             _num(cap.kv_cache_tokens if cap else None), ("yes" if cap.estimate else "no") if cap else "-",
             _num(cap.max_concurrency if cap else None, ".1f"),
-            "-" if inv.kv_usage is None else f"{inv.kv_usage:.1%}", health, smoke, platform_text(inv.platform),
+            "-" if inv.kv_usage is None else f"{inv.kv_usage:.1%}", health, smoke, escape(platform_text(inv.platform)),
         )
     return table
 
@@ -86,7 +88,8 @@ def rich_table(data: Any) -> Table:
         table.add_column(header, overflow="fold")
     for row, tag in zip(data.rows, data.tags or [None] * len(data.rows), strict=False):
         style = _STYLE.get(tag or "")
-        table.add_row(*[f"[{style}]{c}[/{style}]" if style and c == tag else c for c in row])
+        # escaped: cells quote servers (errors, versions), and "[/x]" in one would be a markup error
+        table.add_row(*[f"[{style}]{escape(c)}[/{style}]" if style and c == tag else escape(c) for c in row])
     return table
 
 
@@ -117,7 +120,7 @@ def perplexity_table(summary: dict[str, Any]) -> Table:
     for name, row in summary.get("servers", {}).items():
         label = f"{name} (ref)" if name == summary.get("reference") else name
         if row.get("bits_per_byte") is None:
-            table.add_row(label, "-", "-", "-", "-", "-", f"[red]{row.get('error') or 'not measured'}[/red]")
+            table.add_row(label, "-", "-", "-", "-", "-", f"[red]{escape(row.get('error') or 'not measured')}[/red]")
             continue
         ci = row.get("ci95")
         noise = row.get("noise")
@@ -140,7 +143,7 @@ def agreement_table(summary: dict[str, Any]) -> Table:
     for name, row in summary.items():
         label = f"{name} (self)" if row.get("self") else name
         if not row.get("positions"):
-            table.add_row(label, "0", *["-"] * 8, f"[red]{row.get('error') or 'not measured'}[/red]")
+            table.add_row(label, "0", *["-"] * 8, f"[red]{escape(row.get('error') or 'not measured')}[/red]")
             continue
         outs = row.get("outcome") or {}
         verdicts = " ".join(f"{k}:{_OUTCOME_STYLE.get(v, v)}" for k, v in outs.items()) or "-"
@@ -178,6 +181,13 @@ def _ratio_cell(check: dict[str, Any] | None) -> str:
     return f"{check['ratio']:.2f}x{span} [{style}]{check['outcome']}[/{style}]"
 
 
+def _failed(case: dict[str, Any]) -> str:
+    """Errors, and streams cut off before [DONE] beside them: both are failed requests."""
+    errors, cut = case.get("errors") or 0, case.get("incomplete") or 0
+    text = f"{errors}" + (f"+{cut} cut" if cut else "")
+    return f"[red]{text}[/red]" if errors or cut else "0"
+
+
 def load_table(summary: dict[str, Any]) -> Table:
     """One row per server and case (throughput is the mean over runs, p99s over all requests); for
     candidates, ratios to the reference with their 95% intervals and outcome against the bars."""
@@ -196,7 +206,7 @@ def load_table(summary: dict[str, Any]) -> Table:
             kv = case.get("kv_usage_max")
             table.add_row(
                 label, case["shape"], str(case["agents"]), str(case["requests"]),
-                f"[red]{case['errors']}[/red]" if case["errors"] else "0",
+                _failed(case),
                 _num(case.get("output_tokens_per_s"), ",.0f"), _ms(case.get("ttft_p99_s")),
                 _ms(case.get("itl_p99_s")), _ms(case.get("e2e_p99_s")),
                 "-" if kv is None else f"{kv:.1%}", _num(case.get("preemptions")),

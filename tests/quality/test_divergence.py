@@ -10,6 +10,7 @@ import pytest
 from replay import FIXTURES
 
 from kvprobe.quality.divergence import compare, compare_position, parse_prompt_logprobs
+from kvprobe.untrusted import Unreadable
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
@@ -104,5 +105,5 @@ def test_real_vllm_prompt_logprobs_auto_vs_fp8():
 
 
 def test_parse_rejects_a_response_without_prompt_logprobs():
-    with pytest.raises(ValueError, match="prompt_logprobs"):
+    with pytest.raises(Unreadable, match="prompt_logprobs"):
         parse_prompt_logprobs({"choices": [{"text": "x"}]})

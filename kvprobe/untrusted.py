@@ -1,0 +1,88 @@
+"""Numbers a server sent, checked where they are read.
+
+A server is not trusted to send sane numbers: a /metrics label of "inf", a max_model_len of 1e30 or a
+usage count sent as a string must end as one line naming the field, never as a traceback (int(inf)
+raises OverflowError) nor as a measurement built on it. Every int() or float() of server data goes
+through `number`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from kvprobe.errors import ServerError
+
+# Beyond any real KV pool or request, and small enough that arithmetic on it stays exact (float64
+# holds every integer up to 2**53).
+MAX_TOKENS = 10**12
+# The longest context a model serves today is 10M tokens; a smoke prompt is built from this number.
+MAX_MODEL_LEN = 10**8
+
+
+class Unreadable(ServerError):
+    """A value a server sent that kvprobe cannot use; the message names where it came from. A
+    ServerError: met during a probe, a server sending garbage is a server failing."""
+
+    def __init__(self, message: str, *, server: str = "", path: str | None = None):
+        super().__init__(server, message, path=path)
+        self.args = (message,)
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+def _parse(value: Any, text: bool) -> float | int | None:
+    """The number in `value`, or None when it is not one (bool is not a number; a string only if `text`)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return value
+    if text and isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _show(limit: float) -> str:
+    return f"{int(limit):,}" if float(limit).is_integer() else f"{limit:g}"
+
+
+def number(value: Any, what: str, *, integer: bool = False, minimum: float | None = None,
+           maximum: float | None = None, text: bool = False) -> Any:
+    """`value` as a finite number within [minimum, maximum] (an int when `integer`); else Unreadable
+    naming `what` ("fp8: /v1/models max_model_len"). `text`: the value is a string by nature (a
+    Prometheus label), so "1048576" is read; in JSON a number sent as a string is not a number."""
+    if value is None:
+        raise Unreadable(f"{what} is missing")
+    parsed = _parse(value, text)
+    if parsed is None:
+        kind = "" if text or not isinstance(value, str) else " (a string)"
+        raise Unreadable(f"{what} {value!r} is not a number{kind}")
+    if isinstance(parsed, float):
+        if not math.isfinite(parsed):
+            raise Unreadable(f"{what} {value!r} is not a finite number")
+        if integer and not parsed.is_integer():
+            raise Unreadable(f"{what} {value!r} is not a whole number")
+    if minimum is not None and parsed < minimum:
+        raise Unreadable(f"{what} {value!r} is below {_show(minimum)}")
+    if maximum is not None and parsed > maximum:
+        raise Unreadable(f"{what} {value!r} is absurdly large (over {_show(maximum)})")
+    return int(parsed) if integer else float(parsed)
+
+
+def count(value: Any, what: str, *, maximum: float = MAX_TOKENS, text: bool = False) -> int:
+    """A count of tokens, blocks or requests: a whole number, 0 or more."""
+    return number(value, what, integer=True, minimum=0, maximum=maximum, text=text)
+
+
+def optional_count(data: Any, key: str, what: str, *, maximum: float = MAX_TOKENS) -> int | None:
+    """data[key] as a count; None when the server left it out (Unreadable when it sent garbage)."""
+    value = data.get(key) if isinstance(data, dict) else None
+    return None if value is None else count(value, f"{what}.{key}", maximum=maximum)

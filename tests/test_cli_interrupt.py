@@ -1,0 +1,43 @@
+"""Ctrl-C during `eval`: exit 130 and the exact command that finishes the run, ready to paste."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+from click.testing import CliRunner
+
+from kvprobe import cli, evaluation
+
+SERVERS_TOML = """
+[[server]]
+name = "auto"
+url = "http://127.0.0.1:8101"
+role = "reference"
+
+[[server]]
+name = "fp8"
+url = "http://127.0.0.1:8102"
+"""
+
+
+@pytest.fixture(autouse=True)
+def _own_config_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.delenv("KVPROBE_SIGNING_KEY", raising=False)
+
+
+def test_ctrl_c_prints_the_real_resume_command(tmp_path, monkeypatch) -> None:
+    def interrupted(*args, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(evaluation, "run_eval_sync", interrupted)
+    servers = tmp_path / "my servers [prod].toml"  # a space and brackets: quoted, not rich markup
+    servers.write_text(SERVERS_TOML)
+    out = tmp_path / "run"
+    result = CliRunner().invoke(cli.main, ["eval", "--servers", str(servers), "--out", str(out)])
+    assert result.exit_code == 130
+    line = next(line for line in result.stderr.splitlines() if line.startswith("interrupted:"))
+    command = line.split("`")[1]
+    assert "FILE" not in command
+    assert shlex.split(command) == ["kvprobe", "eval", "--servers", str(servers), "--resume", str(out)]
