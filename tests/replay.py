@@ -124,3 +124,16 @@ def on_avx2(info: dict) -> dict:
             line = f"{key}: " + " ".join(f for f in value.split() if not f.startswith(("avx512", "amx")))
         lines.append(line)
     return {**info, "system_env": {**info["system_env"], "cpu_info": "\n".join(lines)}}
+
+
+# The two captured servers (auto-8101, fp8-8102) as a servers.toml.
+SERVERS_TOML = """
+[[server]]
+name = "auto"
+url = "http://127.0.0.1:8101"
+role = "reference"
+
+[[server]]
+name = "fp8"
+url = "http://127.0.0.1:8102"
+"""

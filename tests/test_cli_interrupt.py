@@ -4,27 +4,10 @@ from __future__ import annotations
 
 import shlex
 
-import pytest
 from click.testing import CliRunner
+from replay import SERVERS_TOML
 
 from kvprobe import cli, evaluation
-
-SERVERS_TOML = """
-[[server]]
-name = "auto"
-url = "http://127.0.0.1:8101"
-role = "reference"
-
-[[server]]
-name = "fp8"
-url = "http://127.0.0.1:8102"
-"""
-
-
-@pytest.fixture(autouse=True)
-def _own_config_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    monkeypatch.delenv("KVPROBE_SIGNING_KEY", raising=False)
 
 
 def test_ctrl_c_prints_the_real_resume_command(tmp_path, monkeypatch) -> None:

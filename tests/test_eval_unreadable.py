@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 from click.testing import CliRunner
-from replay import MultiReplay, Replay, capture
+from replay import SERVERS_TOML, MultiReplay, Replay, capture
 from rich.console import Console
 
 from kvprobe import cli, evaluation
@@ -21,22 +21,6 @@ from kvprobe.store import RunDir
 
 CONFIG = {"server": [{"name": "auto", "url": "http://127.0.0.1:8101", "role": "reference"},
                      {"name": "fp8", "url": "http://127.0.0.1:8102"}]}
-SERVERS_TOML = """
-[[server]]
-name = "auto"
-url = "http://127.0.0.1:8101"
-role = "reference"
-
-[[server]]
-name = "fp8"
-url = "http://127.0.0.1:8102"
-"""
-
-
-@pytest.fixture(autouse=True)
-def _own_config_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    monkeypatch.delenv("KVPROBE_SIGNING_KEY", raising=False)
 
 
 def garbled_metrics(value: str) -> httpx.Response:
