@@ -267,7 +267,8 @@ def demo(out: Path | None, probes: str | None, stop: bool, key: Path | None) -> 
         err_console.print(f"  {sc.name:>20} {server.url}  {sc.shows}" + (" (reused)" if server.reused else ""),
                           highlight=False)
     for row in left_out:
-        err_console.print(f"  [yellow]{row['name']} KV does not start on this CPU:[/yellow] {row['reason']}",
+        # The reason already names the server and says it does not start.
+        err_console.print(f"  [yellow]left out:[/yellow] {row['reason']}",
                           highlight=False, soft_wrap=True)
     try:
         _evaluate(write_servers_toml(started), out, probes, key=key, left_out=left_out)
