@@ -207,6 +207,9 @@ class FillSettings(_Strict):
 
 
 class Config(_Strict):
+    knob: str = Field("kv_cache_dtype", pattern=r"^[a-z][a-z0-9_]*$",
+                      description="the one setting the servers may differ in: kv_cache_dtype, "
+                      "mamba_ssm_cache_dtype, mamba_cache_dtype, or any vllm:cache_config_info label")
     bars: Bars = Field(default_factory=Bars)
     server: list[Server] = Field(min_length=1)
     model_config_path: str | None = Field(None, alias="model_config", description="HF config.json for memmap")

@@ -209,7 +209,7 @@ async def run_eval(
             run.event("inventory", server=inv.name, status=inv.status, error=inv.error,
                       kv_cache_tokens=inv.capacity.kv_cache_tokens if inv.capacity else None)
         ref = config.reference.name
-        pin = check_pin(invs[ref], [invs[c.name] for c in config.candidates])
+        pin = check_pin(invs[ref], [invs[c.name] for c in config.candidates], config.knob)
         run.event("pin", **pin.to_dict())
         ctx = EvalContext(config, run, clients, invs, pin, console)
 

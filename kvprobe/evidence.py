@@ -45,6 +45,19 @@ def read_per_server(data: dict[str, Any]) -> dict[str, Any]:
     return {"servers": {name: _scalars(row) for name, row in _servers_of(data).items()}}
 
 
+def read_capacity(data: dict[str, Any]) -> dict[str, Any]:
+    """Per-server capacity, and with `model_config` what the memory map says of each candidate under the
+    capacity bar (`explain`) and which knob moves capacity (`lever`): the verdict quotes them."""
+    out = read_per_server(data)
+    memmap = data.get("memmap") if isinstance(data.get("memmap"), dict) else {}
+    explain = memmap.get("explain") if isinstance(memmap.get("explain"), dict) else {}
+    out["explain"] = {k: v for k, v in explain.items() if isinstance(v, str)}
+    lever = memmap.get("lever") if isinstance(memmap.get("lever"), dict) else {}
+    if isinstance(lever.get("sentence"), str):
+        out["lever"] = lever["sentence"]
+    return out
+
+
 _CASE_KEYS = ("id", "server", "status", "target_length", "target_depth", "length_tokens", "depth_tokens", "found_in",
               "approximate")
 
@@ -79,7 +92,7 @@ def read_load(data: dict[str, Any]) -> dict[str, Any]:
 
 
 READERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    "capacity": read_per_server,
+    "capacity": read_capacity,
     "perplexity": read_per_server,
     "agreement": read_per_server,
     "needle": read_needle,

@@ -1,4 +1,4 @@
-"""The one-knob check: do the servers differ only in KV-cache dtype?
+"""The one-knob check: do the servers differ only in the knob under test (by default the KV-cache dtype)?
 
 A comparison whose servers differ in anything else (max_model_len, memory, version, prefix caching)
 is a moving baseline, not a result. Each candidate is compared with the reference.
@@ -9,17 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvprobe import knob as knobs
 from kvprobe.inventory import NOT_TAKEN, Inventory
 from kvprobe.platform import Platform, platform_facts
-
-# cache_config_info labels that follow from cache_dtype (vllm-interface.md §1, pinning recipe step 4),
-# plus `engine`, which is the data-parallel index, not a setting.
-DERIVED_LABELS = frozenset({
-    "cache_dtype", "engine", "num_gpu_blocks", "kv_cache_size_tokens", "kv_cache_max_concurrency",
-    "block_size", "mamba_block_size", "mamba_page_size_padded", "skip_page_size_padded",
-    "hash_block_size", "cache_hit_alignment_tokens", "effective_attention_block_size",
-    "kv_cache_dtype_skip_layers",
-})
 
 
 @dataclass
@@ -49,6 +41,9 @@ class PinCheck:
     unchecked: list[str] = field(default_factory=list)
     # The platform of every server compared (None: not exposed), kept so a report shows what was compared.
     platforms: dict[str, Platform | None] = field(default_factory=dict)
+    knob: str = knobs.DEFAULT
+    # Each server's value of the knob, from its own cache_config_info (None: the label is not there).
+    knob_values: dict[str, Any] = field(default_factory=dict)
 
     def candidate_valid(self, name: str) -> bool:
         return not self.differences.get(name)
@@ -63,10 +58,13 @@ class PinCheck:
             "by_candidate": {k: [d.to_dict() for d in v] for k, v in self.differences.items()},
             "unchecked": self.unchecked,
             "platforms": {k: p.to_dict() if p else None for k, p in self.platforms.items()},
+            "knob": self.knob,
+            "knob_label": knobs.label_of(self.knob),
+            "knob_values": self.knob_values,
         }
 
 
-# /server_info keys that differ between two identically configured servers, or follow from the KV dtype.
+# /server_info keys that differ between two identically configured servers.
 _ENGINE_VOLATILE = frozenset({
     "vllm_config.instance_id",
     "vllm_env.VLLM_OBJECT_STORAGE_SHM_BUFFER_NAME",
@@ -87,13 +85,13 @@ _ENGINE_COVERED = frozenset({
 _LOCAL_ENV_SUFFIXES = ("_ROOT", "_CACHE", "_CACHE_PATH", "_DIR", "_PATH", "_IP", "_HOST", "_PORT", "_BUFFER_NAME")
 
 
-def _engine_key_allowed(key: str) -> bool:
+def _engine_key_allowed(key: str, free: frozenset[str]) -> bool:
     if key in _ENGINE_VOLATILE or key in _ENGINE_COVERED:
         return True
     if key.startswith("vllm_env.") and key.endswith(_LOCAL_ENV_SUFFIXES):
         return True
     prefix = "vllm_config.cache_config."
-    return key.startswith(prefix) and key[len(prefix):] in DERIVED_LABELS
+    return key.startswith(prefix) and key[len(prefix):] in free
 
 
 def _fingerprint_build(fp: str | None) -> str | None:
@@ -104,7 +102,7 @@ def _fingerprint_build(fp: str | None) -> str | None:
     return head or fp
 
 
-def _facts(inv: Inventory) -> dict[str, Any]:
+def _facts(inv: Inventory, free: frozenset[str]) -> dict[str, Any]:
     facts: dict[str, Any] = {
         "version": inv.version,
         "model_root": inv.model_root,
@@ -113,10 +111,10 @@ def _facts(inv: Inventory) -> dict[str, Any]:
     if (build := _fingerprint_build(inv.system_fingerprint)) is not None:
         facts["fingerprint"] = build
     for label, value in (inv.cache_config or {}).items():
-        if label not in DERIVED_LABELS:
+        if label not in free:
             facts[f"cache_config.{label}"] = value
     for key, value in (inv.server_info or {}).items():
-        if not _engine_key_allowed(key):
+        if not _engine_key_allowed(key, free):
             facts[f"server_info.{key}"] = value
     if inv.platform is not None:
         facts.update(platform_facts(inv.platform))
@@ -144,15 +142,28 @@ def _comparable(key: str, reference: Inventory, cand: Inventory, ref: dict[str, 
     return True
 
 
-def check_pin(reference: Inventory, candidates: list[Inventory]) -> PinCheck:
-    """Compare each reachable candidate with the reference on every setting except KV dtype."""
-    result = PinCheck(valid=True)
-    ref = _facts(reference)
+def _knob_value(inv: Inventory, knob: str, unchecked: list[str]) -> Any:
+    """The server's own value of the knob; a missing label is said, not guessed."""
+    label = knobs.label_of(knob)
+    value = (inv.cache_config or {}).get(label)
+    if value is None and inv.cache_config is not None:
+        unchecked.append(f"{inv.name}: no {label!r} label in its vllm:cache_config_info, so its {knob} is not known")
+    return value
+
+
+def check_pin(reference: Inventory, candidates: list[Inventory], knob: str = knobs.DEFAULT) -> PinCheck:
+    """Compare each reachable candidate with the reference on every setting except `knob` and the labels
+    that follow from it."""
+    free = knobs.free_labels(knob)
+    result = PinCheck(valid=True, knob=knob)
+    result.knob_values[reference.name] = _knob_value(reference, knob, result.unchecked)
+    ref = _facts(reference, free)
     for cand in candidates:
         if cand.status in NOT_TAKEN:
             result.unchecked.append(f"{cand.name}: not inventoried ({cand.status}), not compared")
             continue
-        facts = _facts(cand)
+        facts = _facts(cand, free)
+        result.knob_values[cand.name] = _knob_value(cand, knob, result.unchecked)
         diffs = []
         for key in sorted(set(ref) | set(facts)):
             if _comparable(key, reference, cand, ref, facts, result.unchecked) and ref.get(key) != facts.get(key):

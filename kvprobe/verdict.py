@@ -316,8 +316,10 @@ def _decide_candidate(inputs: dict[str, Any], cand: str, bars: Bars) -> dict[str
     ratio = tokens / ref_tokens if tokens is not None and ref_tokens else None
     base = {"kv_cache_tokens": tokens, "capacity_ratio": ratio, "checks": []}
     if differences:
+        knob = pin.get("knob") or "kv_cache_dtype"
         return base | {"decision": "invalid",
-                       "reasons": ["servers differ in more than the KV dtype: " + d["text"] for d in differences]}
+                       "reasons": [f"servers differ in more than the knob under test ({knob}): " + d["text"]
+                                   for d in differences]}
     checks = [perplexity_check(inputs, cand, bars), *agreement_checks(inputs, cand, bars),
               needle_check(inputs, cand, bars), *load_checks(inputs, cand, bars)]
     if server.get("status") not in (None, "ok"):
@@ -350,7 +352,9 @@ def _decide_candidate(inputs: dict[str, Any], cand: str, bars: Bars) -> dict[str
         reasons = [f"fails {c['bar']}: {c['text']}" for c in failed]
     elif gain is not None and gain < bars.capacity_gain_min:
         decision = "no_gain"
-        reasons = [f"frees nothing: {capacity_text}"]
+        # The memory map's account of why, and which knob would move capacity, beside the decision.
+        why = ((inputs["probes"].get("capacity") or {}).get("explain") or {}).get(cand)
+        reasons = [f"frees nothing: {capacity_text}" + (f". Memory map: {why}" if why else "")]
         reasons += [f"also not shown to pass: {c['text']}" for c in open_]
     elif gain is None or open_:
         decision = "inconclusive"

@@ -35,19 +35,36 @@ def interval(iv: list[float] | None, fmt: Any = pct) -> str:
     return f"[{fmt(iv[0])}, {fmt(iv[1])}]"
 
 
+def knob_of(v: dict[str, Any]) -> str:
+    return (v.get("pin") or {}).get("knob") or "kv_cache_dtype"
+
+
+def knob_header(v: dict[str, Any]) -> str:
+    """The column that shows what differs: the KV dtype by default, else the declared knob by name."""
+    knob = knob_of(v)
+    return "cache dtype" if knob == "kv_cache_dtype" else knob
+
+
+def knob_value(v: dict[str, Any], name: str) -> str:
+    """A server's value of the knob as the server reported it (older verdicts: its cache dtype)."""
+    values = (v.get("pin") or {}).get("knob_values") or {}
+    value = values.get(name) if name in values else (v["servers"].get(name) or {}).get("cache_dtype")
+    return "-" if value is None else str(value)
+
+
 def decisions_table(v: dict[str, Any]) -> TableData:
-    t = TableData("Decisions", ["server", "role", "cache dtype", "KV tokens", "capacity", "decision", "why"])
+    t = TableData("Decisions", ["server", "role", knob_header(v), "KV tokens", "capacity", "decision", "why"])
     ref = v["reference"]
     for name in v["order"]:
         server = v["servers"].get(name) or {}
         if name == ref:
-            t.rows.append([name, "reference", server.get("cache_dtype") or "-", num(server.get("kv_cache_tokens")),
+            t.rows.append([name, "reference", knob_value(v, name), num(server.get("kv_cache_tokens")),
                            "1.00x", "reference", "the gold standard every candidate is measured against"])
             t.tags.append("reference")
             continue
         d = v["decisions"].get(name) or {}
         ratio = d.get("capacity_ratio")
-        t.rows.append([name, "candidate", server.get("cache_dtype") or "-", num(d.get("kv_cache_tokens")),
+        t.rows.append([name, "candidate", knob_value(v, name), num(d.get("kv_cache_tokens")),
                        "-" if ratio is None else f"{ratio:.2f}x", d.get("decision", "-"),
                        (d.get("reasons") or ["-"])[0]])
         t.tags.append(d.get("decision"))
@@ -78,8 +95,9 @@ def servers_table(v: dict[str, Any]) -> TableData:
         t.tags.append("broken" if s.get("status") not in (None, "ok") else None)
     if pin:
         diffs = [d["text"] for d in pin.get("differences") or []]
-        t.note = ("One-knob check: " + ("valid: the servers differ only in KV dtype" if pin.get("valid")
-                                         else "INVALID: " + "; ".join(diffs)))
+        values = ", ".join(f"{n}={knob_value(v, n)}" for n in v["order"])
+        t.note = ("One-knob check: " + (f"valid: the servers differ only in {knob_of(v)} ({values})"
+                                         if pin.get("valid") else "INVALID: " + "; ".join(diffs)))
     return t
 
 
