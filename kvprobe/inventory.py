@@ -35,6 +35,13 @@ class Smoke:
     error: str | None = None
     approximate: bool = False  # no /tokenize: the prompt length is a character estimate
     system_fingerprint: str | None = None
+    attention_block: int | None = None  # tokens per attention block the server reported
+
+    def what(self) -> str:
+        """`272 tokens, past one 256-token attention block`: what the smoke asked of the server."""
+        spans = self.attention_block is not None and (self.target_tokens or 0) > self.attention_block
+        return f"{self.target_tokens} tokens" + (f", past one {self.attention_block}-token attention block"
+                                                 if spans else "")
 
 
 @dataclass
@@ -95,11 +102,23 @@ class Inventory:
         return cls(**data)
 
 
+def smoke_length(max_model_len: int, fraction: float, max_tokens: int, block_size: int | None) -> int:
+    """Tokens in the smoke prompt: `fraction` of max_model_len, but past one attention block when the
+    server's block is known and the context has room. A prompt inside one block never reaches what runs
+    at block boundaries: a vLLM 0.32 CPU hybrid with prefix caching serves 256 tokens and dies at 268
+    (the Mamba state checkpoint per block, issue 13)."""
+    target = max(16, int(max_model_len * fraction))
+    if block_size and target <= block_size:
+        target = max(target, min(block_size + 16, max_model_len - max_tokens))
+    return target
+
+
 async def smoke_test(client: Client, max_model_len: int, fraction: float, max_tokens: int,
-                     has_tokenize: bool, unreadable: list[str] | None = None) -> Smoke:
+                     has_tokenize: bool, unreadable: list[str] | None = None,
+                     block_size: int | None = None) -> Smoke:
     """The first-prefill smoke; a usage count the server sent that is not a count goes to `unreadable`
     (the smoke is judged on the text it generated)."""
-    target = max(16, int(max_model_len * fraction))
+    target = smoke_length(max_model_len, fraction, max_tokens, block_size)
     # A fresh random prefix makes every block's hash new: a prefix-cache hit is not a prefill.
     prefix = f"kvprobe smoke {secrets.token_hex(8)}\n"
     try:
@@ -193,14 +212,15 @@ async def take_inventory(
         if not sent_len:  # an unreadable one already has its line
             inv.warnings.append("max_model_len unknown: smoke prompt of 2048 tokens")
         unreadable: list[str] = []
+        block = attention_block(inv)
         inv.smoke = await smoke_test(client, inv.max_model_len or 4096, smoke_fraction, smoke_max_tokens,
-                                     inv.has_tokenize, unreadable)
+                                     inv.has_tokenize, unreadable, block)
+        inv.smoke.attention_block = block
         for line in unreadable:
             inv.cannot_read(line)
         if not inv.smoke.ok:
             inv.status = "broken"
-            inv.error = f"{client.name}: first-prefill smoke ({inv.smoke.target_tokens} tokens) failed: " \
-                        f"{inv.smoke.error}"
+            inv.error = f"{client.name}: first-prefill smoke ({inv.smoke.what()}) failed: {inv.smoke.error}"
     return inv
 
 
@@ -215,6 +235,17 @@ def _flatten(obj: Any, prefix: str, out: dict[str, Any]) -> None:
             _flatten(value, f"{prefix}.{key}", out)
     else:
         out[prefix] = obj
+
+
+def attention_block(inv: Inventory) -> int | None:
+    """Tokens per attention block as the server reports it (hybrids: after page alignment)."""
+    labels = inv.cache_config or {}
+    for label in ("effective_attention_block_size", "block_size"):
+        try:
+            return int(labels[label])
+        except (KeyError, ValueError):
+            continue
+    return None
 
 
 def engine_facts(info: dict[str, Any]) -> dict[str, Any]:

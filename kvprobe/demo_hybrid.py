@@ -1,0 +1,51 @@
+"""`kvprobe demo --hybrid`: the seed's third trap and its lever, end to end on needle-hybrid.
+
+Each comparison of kvprobe.servers.hybrid_bed is its own servers.toml (its own knob and reference) and
+its own run directory: fp8 KV frees nothing (AVX-512 only), a 16-bit Mamba SSM state is the lever but
+breaks with vLLM's defaults, and pinned with prefix caching off it frees 1.67x with retrieval intact.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvprobe.servers.hybrid_bed import Comparison, comparisons
+from kvprobe.servers.launcher import NEEDLE_HYBRID, PROJECT_ROOT, LaunchError, LocalServer, home, start_each
+
+TEMPLATE = PROJECT_ROOT / "demo" / "hybrid.toml"
+
+
+def start_hybrid(bfloat16: bool = True) -> tuple[list[Comparison], dict[int, LocalServer]]:
+    """Every server of every comparison this CPU runs, by port; raises the first LaunchError."""
+    chosen = list(comparisons(bfloat16).values())
+    specs = {s.port: s for c in chosen for s in (c.reference, *c.candidates.values())}
+    results = start_each(list(specs.values()))
+    failed = [r for r in results if isinstance(r, LaunchError)]
+    if failed:
+        raise failed[0]
+    return chosen, {r.spec.port: r for r in results if isinstance(r, LocalServer)}
+
+
+def reference_name(c: Comparison) -> str:
+    if c.knob == "kv_cache_dtype":
+        return c.reference.kv_cache_dtype
+    return f"ssm_{c.reference.mamba_ssm_cache_dtype or 'float32'}"  # NemotronH's own SSM state dtype
+
+
+def config_text(c: Comparison, knob: str | None = None) -> str:
+    """demo/hybrid.toml with this comparison's knob (or `knob`) and its [[server]] tables."""
+    head = TEMPLATE.read_text()
+    # The template's model_config is relative to demo/; the written file lives elsewhere.
+    head = head.replace('model_config = "models/needle-hybrid/config.json"',
+                        f'model_config = "{NEEDLE_HYBRID / "config.json"}"')
+    tables = [f'[[server]]\nname = "{reference_name(c)}"\nurl = "{c.reference.url}"\nrole = "reference"\n']
+    tables += [f'[[server]]\nname = "{name}"\nurl = "{spec.url}"\nrole = "candidate"  # {spec.knobs}\n'
+               for name, spec in c.candidates.items()]
+    return f'knob = "{knob or c.knob}"  # {c.shows}\n' + head.rstrip() + "\n\n" + "\n".join(tables)
+
+
+def write_config(c: Comparison, path: Path | None = None) -> Path:
+    path = path or home() / "demo" / f"hybrid-{c.key}.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(config_text(c))
+    return path
