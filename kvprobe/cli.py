@@ -315,14 +315,18 @@ def _parse_bytes(text: str) -> int:
               help="sliding-window layers reserve blocks for this many in-flight tokens")
 @click.option("--chart", type=click.Path(path_type=Path), default=None,
               help="where to write the 'where the bytes are' PNG (default memmap.png; with --json only if given)")
+@click.option("--lever-chart", type=click.Path(path_type=Path), default=None,
+              help="where to write the KV x SSM state dtype PNG of a hybrid (default: the chart's name + -lever)")
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of tables")
 def memmap(config: Path, max_model_len: int | None, kv_dtypes: str, kv_memory: str, mamba_ssm_dtype: str,
            mamba_cache_dtype: str, mamba_cache_mode: str, block_size: int, block_align: int,
-           max_num_batched_tokens: int, chart: Path | None, as_json: bool) -> None:
-    """Where the KV bytes are, and the most a KV dtype can free, predicted from a config.json."""
-    from kvprobe.memmap import Settings, build
+           max_num_batched_tokens: int, chart: Path | None, lever_chart: Path | None, as_json: bool) -> None:
+    """Where the KV bytes are, the most a KV dtype can free, and (for a hybrid) which knob moves capacity:
+    KV dtype or Mamba SSM state dtype. Predicted from a config.json."""
+    from kvprobe.memmap import Settings, build, lever
     from kvprobe.report.bytes_chart import bytes_chart
-    from kvprobe.report.memmap_table import dtype_table, summary_table
+    from kvprobe.report.lever_chart import lever_chart as draw_lever
+    from kvprobe.report.memmap_table import dtype_table, lever_table, summary_table
 
     try:
         settings = Settings(
@@ -332,25 +336,38 @@ def memmap(config: Path, max_model_len: int | None, kv_dtypes: str, kv_memory: s
             mamba_ssm_cache_dtype=mamba_ssm_dtype, max_num_batched_tokens=max_num_batched_tokens,
         )
         mm = build(config, [d.strip() for d in kv_dtypes.split(",") if d.strip()], max_model_len, settings)
+        lv = lever(mm)
     except click.BadParameter as exc:
         _fail([f"--kv-memory: {exc.message}"])
     except ConfigError as exc:
         _fail(exc.problems)
     if as_json:
-        click.echo(orjson.dumps(mm.to_json(), option=orjson.OPT_INDENT_2).decode())
+        click.echo(orjson.dumps({**mm.to_json(), "lever": lv.to_json()}, option=orjson.OPT_INDENT_2).decode())
     else:
         out_console.print(summary_table(mm))
         for dtype in mm.plans:
             out_console.print(dtype_table(mm, dtype))
+        if lv.ssm_dtypes:
+            out_console.print(lever_table(lv))
         for note in mm.model.notes:
             err_console.print(f"[yellow]note:[/yellow] {note}", highlight=False)
         out_console.print(mm.conclusion(), highlight=False, soft_wrap=True)
+        if lv.ssm_dtypes:
+            out_console.print(f"[bold]lever:[/bold] {lv.sentence()}", highlight=False, soft_wrap=True)
+    charts = []
     if chart is not None or not as_json:
+        charts.append(("--chart", chart or Path("memmap.png"), lambda p: bytes_chart(mm, p), "chart"))
+    # A dense model's grid is one column: the bytes chart already shows everything it would.
+    if lv.ssm_dtypes and (lever_chart is not None or chart is not None or not as_json):
+        base = chart or Path("memmap.png")
+        where = lever_chart or base.with_name(f"{base.stem}-lever{base.suffix or '.png'}")
+        charts.append(("--lever-chart", where, lambda p: draw_lever(lv, p), "lever chart"))
+    for option, path, draw, label in charts:
         try:
-            written = bytes_chart(mm, chart or Path("memmap.png"))
+            written = draw(path)
         except OSError as exc:
-            _fail([f"--chart {chart or 'memmap.png'}: cannot write the chart: {exc.strerror}"])
-        err_console.print(f"chart: [bold]{written}[/bold]", highlight=False)
+            _fail([f"{option} {path}: cannot write the chart: {exc.strerror}"])
+        err_console.print(f"{label}: [bold]{written}[/bold]", highlight=False)
 
 
 @main.command(name="report")

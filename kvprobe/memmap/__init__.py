@@ -6,6 +6,7 @@ no vLLM import, no network.
     dtypes.py     bytes per element per KV / state dtype
     allocator.py  vLLM's pages, hybrid alignment, groups, blocks per request, capacity
     summary.py    several dtypes side by side: ratios, ceiling, the one-sentence conclusion
+    lever.py      KV dtype x Mamba SSM state dtype grid, and the sentence naming the knob that moves
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from typing import Any
 from kvprobe.errors import ConfigError
 from kvprobe.memmap.allocator import Plan, Settings, plan
 from kvprobe.memmap.dtypes import STATE_DTYPE_BYTES
+from kvprobe.memmap.lever import Lever, lever
 from kvprobe.memmap.shape import ModelShape, load_config, model_shape
 from kvprobe.memmap.summary import MemoryMap, memory_map
 
-__all__ = ["MemoryMap", "ModelShape", "Plan", "Settings", "build", "load_config", "memory_map", "model_shape",
-           "plan"]
+__all__ = ["Lever", "MemoryMap", "ModelShape", "Plan", "Settings", "build", "lever", "load_config", "memory_map",
+           "model_shape", "plan"]
 
 
 def build(config: str | Path | dict[str, Any], dtypes: list[str], max_model_len: int | None = None,

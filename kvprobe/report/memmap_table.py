@@ -1,10 +1,10 @@
-"""Rich tables for `kvprobe memmap`: one per KV dtype, and a summary across dtypes."""
+"""Rich tables for `kvprobe memmap`: one per KV dtype, a summary across dtypes, and the lever grid."""
 
 from __future__ import annotations
 
 from rich.table import Table
 
-from kvprobe.memmap import MemoryMap
+from kvprobe.memmap import Lever, MemoryMap
 from kvprobe.memmap.shape import ATTENTION_KINDS, NO_KV_KINDS
 from kvprobe.memmap.summary import LABELS
 
@@ -53,4 +53,26 @@ def summary_table(mm: MemoryMap) -> Table:
     for dtype, p in mm.plans.items():
         table.add_row(dtype + (" (reference)" if dtype == mm.reference else ""), f"{p.kv_cache_tokens:,}",
                       f"{p.max_concurrency:.2f}x", human_bytes(p.total_bytes_per_sequence), f"{mm.ratio(dtype):.2f}x")
+    return table
+
+
+def lever_table(lv: Lever) -> Table:
+    """Rows are KV dtypes, columns Mamba SSM state dtypes: which knob moves capacity reads off the grid."""
+    mode = "on (mamba_cache_mode align)" if lv.mode == "align" else "off (mamba_cache_mode none)"
+    table = Table(title=f"Predicted KV capacity by --kv-cache-dtype x --mamba-ssm-cache-dtype: {lv.mm.model.name} "
+                        f"at max_model_len {lv.mm.max_model_len:,}, prefix caching {mode}",
+                  header_style="bold", title_justify="left")
+    table.add_column("kv dtype \\ SSM state", justify="left")
+    for ssm in lv.ssm_dtypes:
+        table.add_column(ssm, justify="right")
+    ref = lv.reference
+    for kv in lv.kv_dtypes:
+        row = []
+        for ssm in lv.ssm_dtypes:
+            c = lv.cell(kv, ssm)
+            text = f"{c.kv_cache_tokens:,} ({c.ratio:.2f}x)"
+            row.append(f"[bold]{text}[/bold] ref" if c is ref else text)
+        table.add_row(kv, *row)
+    table.caption = lv.prefix_caching_note()
+    table.caption_justify = "left"
     return table

@@ -23,7 +23,7 @@ def test_json_is_exactly_the_issue_shape() -> None:
     code, out, _ = run(str(HYBRID), "--max-model-len", "512", "--json")
     assert code == 0
     data = json.loads(out)
-    assert list(data) == ["dtypes"]
+    assert list(data) == ["dtypes", "lever"]
     assert list(data["dtypes"]) == ["auto", "fp8"]
     for row in data["dtypes"].values():
         assert set(row) == {"kv_cache_tokens", "max_concurrency", "ratio", "bytes_per_sequence"}
@@ -43,6 +43,7 @@ def test_json_writes_no_chart_unless_asked(tmp_path: Path, monkeypatch: pytest.M
     assert list(tmp_path.iterdir()) == []
     assert run(str(HYBRID), "--json", "--chart", "c.png")[0] == 0
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "c-lever.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # named after --chart
 
 
 def test_table_conclusion_and_chart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -55,7 +56,59 @@ def test_table_conclusion_and_chart(tmp_path: Path, monkeypatch: pytest.MonkeyPa
             "and no KV dtype can raise capacity by more than 1.22x.") in " ".join(out.split())
     chart = tmp_path / "memmap.png"
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and chart.stat().st_size > 10_000
-    assert "memmap.png" in err
+    assert "chart: memmap.png" in err
+
+
+def test_json_lever_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run(str(HYBRID), "--max-model-len", "512", "--json")
+    assert code == 0
+    lever = json.loads(out)["lever"]
+    assert lever["knob"] == "mamba_ssm_cache_dtype"
+    assert "the Mamba SSM state dtype is the lever: float16 is predicted to give 1.86x" in lever["sentence"]
+    cells = {(c["kv_dtype"], c["ssm_dtype"]): c["kv_cache_tokens"] for c in lever["grid"]}
+    assert cells[("auto", "float32")] == 80_659 and cells[("auto", "float16")] == 149_796
+    assert list(tmp_path.iterdir()) == []  # --json alone writes neither chart
+    # The CLI's settings reach the grid: prefix caching off.
+    off = json.loads(run(str(HYBRID), "--max-model-len", "512", "--mamba-cache-mode", "none", "--json")[1])["lever"]
+    assert off["mamba_cache_mode"] == "none"
+    assert {(c["kv_dtype"], c["ssm_dtype"]): c["kv_cache_tokens"] for c in off["grid"]}[("auto", "float16")] == 349_525
+
+
+def test_table_prints_the_grid_and_the_lever(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(str(HYBRID), "--max-model-len", "8192", "--lever-chart", "grid.png")
+    assert code == 0
+    flat = " ".join(out.split())
+    assert "--kv-cache-dtype x --mamba-ssm-cache-dtype" in flat
+    assert "599,186 (1.00x) ref" in flat and "762,600 (1.27x)" in flat and "1,198,372 (2.00x)" in flat
+    assert ("lever: At 8,192 tokens with prefix caching on, both knobs move capacity and KV dtype is the larger "
+            "lever: fp8 is predicted to give 1.40x") in flat
+    assert "With prefix caching off (`--no-enable-prefix-caching`, mamba_cache_mode none)" in flat
+    grid = tmp_path / "grid.png"
+    assert grid.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and grid.stat().st_size > 10_000
+    assert "chart: memmap.png" in err and "lever chart: grid.png" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["grid.png", "memmap.png"]
+
+
+def test_a_dense_model_has_no_grid_and_no_lever_chart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(str(LLAMA), "--max-model-len", "8192")
+    assert code == 0
+    assert "mamba-ssm-cache-dtype" not in out and "lever:" not in out
+    assert "lever chart" not in err
+    assert [p.name for p in tmp_path.iterdir()] == ["memmap.png"]
+    lever = json.loads(run(str(LLAMA), "--max-model-len", "8192", "--json")[1])["lever"]
+    assert lever["ssm_dtypes"] == [] and lever["knob"] == "kv_cache_dtype"
+    assert "KV dtype is the whole lever" in lever["sentence"]
+
+
+def test_an_unwritable_lever_chart_is_one_clear_line(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    code, _, err = run(str(HYBRID), "--json", "--lever-chart", str(blocker / "x.png"))
+    assert code == 2
+    assert err.strip().startswith(f"error: --lever-chart {blocker / 'x.png'}: cannot write the chart")
 
 
 def test_kv_memory_accepts_units() -> None:
