@@ -108,6 +108,8 @@ async def _capacity_probe(ctx: EvalContext) -> dict[str, Any]:
         raise ConfigError([memmap["error"]])
     if memmap:
         ctx.console.print(f"memory map: {memmap.get('conclusion') or memmap.get('skipped')}", highlight=False)
+        if sentence := (memmap.get("lever") or {}).get("sentence"):
+            ctx.console.print(f"lever: {sentence}", highlight=False)
     return summary
 
 
