@@ -249,12 +249,18 @@ def eval_cmd(servers_file: Path, out: Path | None, resume: Path | None, probes: 
 @click.option("--probes", default=None, help=PROBES_HELP)
 @click.option("--stop", is_flag=True, help="stop the demo servers afterwards")
 @click.option("--key", type=click.Path(path_type=Path), default=None, help="signing key, as for eval")
-def demo(out: Path | None, probes: str | None, stop: bool, key: Path | None) -> None:
+@click.option("--hybrid", is_flag=True, help="the attention-light hybrid instead (needle-hybrid): KV dtype frees "
+              "nothing, the Mamba SSM state dtype is the lever, and how it breaks with vLLM's defaults")
+def demo(out: Path | None, probes: str | None, stop: bool, key: Path | None, hybrid: bool) -> None:
     """Start the demo trio this CPU can run (real local vLLM CPU servers serving needle-llama, only the
     KV dtype differs) and evaluate it. With AVX-512: auto, fp8, int8_per_token_head; on AVX2 only:
     auto and bfloat16 KV on float32 weights, and fp8, which the engine refuses to start there."""
     from kvprobe.demo import start_demo, write_servers_toml
     from kvprobe.servers import LaunchError, stop_all
+
+    if hybrid:
+        _demo_hybrid(out, probes, key)
+        return
 
     err_console.print("starting the demo servers (first time: installs vLLM CPU, ~3 minutes)")
     try:
@@ -275,6 +281,40 @@ def demo(out: Path | None, probes: str | None, stop: bool, key: Path | None) -> 
     finally:
         if stop:
             stop_all()
+
+
+def _demo_hybrid(out: Path | None, probes: str | None, key: Path | None) -> None:
+    """One run directory per comparison, one after another; exits 0 once each has a signed verdict
+    (its own exit code, which is the finding, is printed: a broken server is what the demo shows)."""
+    from kvprobe.demo_hybrid import start_comparison, stop_unneeded, write_config
+    from kvprobe.servers import LaunchError
+    from kvprobe.servers.hybrid_bed import comparisons
+
+    chosen = list(comparisons().values())
+    if len(chosen) < 3:
+        err_console.print("  [yellow]left out:[/yellow] fp8 KV next to auto (fp8 KV does not start on this CPU)",
+                          highlight=False)
+    results: list[tuple[str, str, int]] = []
+    for i, c in enumerate(chosen):
+        err_console.print(f"[bold]{c.key}[/bold]: {c.shows} (knob {c.knob})", highlight=False)
+        try:
+            start_comparison(c)
+        except LaunchError as exc:
+            _fail([str(exc)])
+        path = write_config(c)
+        try:
+            config = load_config(path)
+            run, probe_list = _open_run(out / c.key if out else None, None, config, probes)
+            outcome = _run(config, run, probe_list, key, False, None, path)
+        except ConfigError as exc:
+            _fail(exc.problems)
+        verdict = outcome.ctx.results.get("verdict") or {}
+        decided = ", ".join(f"{n} {d['decision']}" for n, d in (verdict.get("decisions") or {}).items())
+        results.append((c.key, decided, outcome.exit_code))
+        stop_unneeded(c, chosen[i + 1] if i + 1 < len(chosen) else None)
+    for name, decided, code in results:
+        out_console.print(f"  {name}: {decided} (exit {code})", highlight=False)
+    sys.exit(0 if all(decided for _, decided, _ in results) else 2)
 
 
 def _parse_bytes(text: str) -> int:

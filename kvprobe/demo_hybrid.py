@@ -9,21 +9,32 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvprobe.servers.hybrid_bed import Comparison, comparisons
-from kvprobe.servers.launcher import NEEDLE_HYBRID, PROJECT_ROOT, LaunchError, LocalServer, home, start_each
+from kvprobe.servers.hybrid_bed import Comparison
+from kvprobe.servers.launcher import NEEDLE_HYBRID, PROJECT_ROOT, LaunchError, LocalServer, home, start_each, stop
 
 TEMPLATE = PROJECT_ROOT / "demo" / "hybrid.toml"
 
 
-def start_hybrid(bfloat16: bool = True) -> tuple[list[Comparison], dict[int, LocalServer]]:
-    """Every server of every comparison this CPU runs, by port; raises the first LaunchError."""
-    chosen = list(comparisons(bfloat16).values())
-    specs = {s.port: s for c in chosen for s in (c.reference, *c.candidates.values())}
-    results = start_each(list(specs.values()))
+def start_comparison(c: Comparison) -> list[LocalServer]:
+    """The comparison's servers (reused when already running); raises the first LaunchError."""
+    specs = [c.reference, *c.candidates.values()]
+    results = start_each(specs)
     failed = [r for r in results if isinstance(r, LaunchError)]
     if failed:
+        for r in results:
+            if isinstance(r, LocalServer):
+                r.stop()
         raise failed[0]
-    return chosen, {r.spec.port: r for r in results if isinstance(r, LocalServer)}
+    return [r for r in results if isinstance(r, LocalServer)]
+
+
+def stop_unneeded(done: Comparison, following: Comparison | None) -> None:
+    """Stop what the next comparison does not use: a tiny hybrid server takes ~3.4 GB, so the demo
+    keeps two or three up at a time, not all five or six."""
+    keep = {s.port for s in (following.reference, *following.candidates.values())} if following else set()
+    for spec in (done.reference, *done.candidates.values()):
+        if spec.port not in keep:
+            stop(spec.port)
 
 
 def reference_name(c: Comparison) -> str:

@@ -185,8 +185,14 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
         ctx.run.event("perplexity_plan", key=key, task=settings.task, limit=settings.limit, max_length=max_length,
                       prefix_token_id=prefix, prefill_chunk_tokens=settings.prefill_chunk_tokens,
                       passages=[p.to_dict() for p in plans])
-    for p in plans:
-        if len(p.windows) > 1:
+    windowed = [p for p in plans if len(p.windows) > 1]
+    if len(windowed) > 3:  # a short context windows nearly every passage: one line, not one per passage
+        counts = sorted({len(p.windows) for p in windowed})
+        ctx.console.print(f"perplexity: {len(windowed)} of {len(plans)} passages are longer than one request "
+                          f"holds at max_model_len {max_length:,}: each is scored in {counts[0]}-{counts[-1]} "
+                          "windows")
+    else:
+        for p in windowed:
             ctx.console.print(f"perplexity: passage {p.id} has {p.tokens:,} tokens, more than one request "
                               f"holds at max_model_len {max_length:,}: scored in {len(p.windows)} windows")
     if not any(p.crossed_chunk for p in plans):
