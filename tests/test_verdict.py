@@ -96,6 +96,31 @@ def test_no_gain_when_capacity_is_equal_says_the_ratio(tmp_path):
     assert v["exit_code"] == 0 and v["recommendation"]["server"] == "ref"
 
 
+def test_no_gain_carries_the_memory_maps_lever_beside_the_decision(tmp_path):
+    m = Measurements()
+    m.servers[1] = ("cand", "candidate", 100_000, "fp8")
+    lever = "the Mamba SSM state dtype is the lever: float16 is predicted to give 1.86x"
+    m.memmap = {"explain": {"cand": f"cand gives 1.00x the capacity of ref. {lever}"},
+                "lever": {"sentence": lever}}
+    v = verdict_of(m, tmp_path)
+    assert decision(v) == "no_gain"
+    first = v["decisions"]["cand"]["reasons"][0]
+    assert first.startswith("frees nothing: capacity 1.00x") and first.endswith(f"Memory map: cand gives 1.00x "
+                                                                                f"the capacity of ref. {lever}")
+    assert v["probes"]["capacity"]["lever"] == lever  # in the signed inputs, so verify re-derives it
+
+
+def test_invalid_names_the_declared_knob(tmp_path):
+    m = Measurements()
+    m.knob = "mamba_ssm_cache_dtype"
+    m.pin_differences = {"cand": [{"field": "cache_config.cache_dtype", "values": {"ref": "auto", "cand": "fp8"},
+                                   "text": "cache_config.cache_dtype: ref=auto cand=fp8"}]}
+    v = verdict_of(m, tmp_path)
+    assert v["decisions"]["cand"]["reasons"] == ["servers differ in more than the knob under test "
+                                                 "(mamba_ssm_cache_dtype): cache_config.cache_dtype: ref=auto cand=fp8"]
+    assert v["exit_code"] == 3
+
+
 @pytest.mark.parametrize(("tokens", "expected"), [(105_000, "adopt"), (104_999, "no_gain")])
 def test_capacity_gain_boundary_is_inclusive(tmp_path, tokens, expected):
     m = Measurements()

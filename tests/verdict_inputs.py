@@ -51,6 +51,8 @@ class Measurements:
         self.status: dict[str, tuple[str, str | None]] = {}
         self.pin_differences: dict[str, list[dict[str, Any]]] = {}
         self.broken_events: list[tuple[str, str]] = []
+        self.knob = "kv_cache_dtype"
+        self.memmap: dict[str, Any] | None = None  # capacity.json's memory map (model_config set)
         self.perplexity: dict[str, Any] | None = {
             "reference": "ref",
             "servers": {"ref": {"bits_per_byte": 1.0, "word_perplexity": 20.0, "delta": 0.0, "ci95": [0.0, 0.0],
@@ -84,11 +86,13 @@ class Measurements:
                "differences": [d for ds in self.pin_differences.values() for d in ds],
                "by_candidate": {n: self.pin_differences.get(n, []) for n, r, _, _ in self.servers
                                 if r == "candidate"},
-               "unchecked": []}
+               "unchecked": [], "knob": self.knob,
+               "knob_values": {n: d for n, _, _, d in self.servers}}
         caps = {n: {"kv_cache_tokens": t, "ratio": t / self.servers[0][2], "cache_dtype": d, "estimate": False}
                 for n, _, t, d in self.servers}
         if "capacity" in self.probes_requested:
-            run.write_json("capacity.json", {"reference": ref, "servers": caps, "pin": pin})
+            memmap = {"memmap": self.memmap} if self.memmap is not None else {}
+            run.write_json("capacity.json", {"reference": ref, "servers": caps, "pin": pin, **memmap})
         run.event("pin", **pin)
         for name, error in self.broken_events:
             run.event("broken", server=name, error=error)
