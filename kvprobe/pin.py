@@ -113,7 +113,11 @@ def _facts(inv: Inventory, free: frozenset[str]) -> dict[str, Any]:
     for label, value in (inv.cache_config or {}).items():
         if label not in free:
             facts[f"cache_config.{label}"] = value
+    labels = inv.cache_config or {}
     for key, value in (inv.server_info or {}).items():
+        # A cache setting /metrics already shows is compared there: one difference, named once.
+        if key.startswith("vllm_config.cache_config.") and key.rpartition(".")[2] in labels:
+            continue
         if not _engine_key_allowed(key, free):
             facts[f"server_info.{key}"] = value
     if inv.platform is not None:
