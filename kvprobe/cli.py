@@ -28,6 +28,7 @@ from kvprobe.errors import (
     KvprobeError,
 )
 from kvprobe.inventory import NOT_TAKEN, Inventory, take_inventories
+from kvprobe.report.ci import CiOutputs
 from kvprobe.report.platform_text import platform_json
 from kvprobe.report.terminal import audit_table, capacity_table
 from kvprobe.store import RunDir
@@ -37,10 +38,39 @@ err_console = Console(stderr=True)
 out_console = Console(width=None if sys.stdout.isatty() else 160)
 
 
+# The CI files (--junit, --summary) of the command running, so a run that fails early still writes them.
+_ci: CiOutputs | None = None
+
+
 def _fail(lines: list[str], code: int = EXIT_CANNOT_RUN) -> None:
+    global _ci
     for line in lines:
         err_console.print(f"[bold red]error:[/bold red] {escape(line)}", highlight=False, soft_wrap=True)
+    if _ci is not None:
+        ci, _ci = _ci, None  # once: a failure to write them must not loop back here
+        try:
+            ci.write(None, None, exit_code=code, notes=lines)
+        except KvprobeError as exc:
+            err_console.print(f"[bold red]error:[/bold red] {escape(str(exc))}", highlight=False, soft_wrap=True)
     sys.exit(code)
+
+
+def _write_ci(run: RunDir, verdict: dict | None, code: int, notes: list[str] | None = None) -> None:
+    global _ci
+    if _ci is None:
+        return
+    from kvprobe.report.write import signature_info
+
+    ci, _ci = _ci, None
+    try:
+        for path in ci.write(verdict, run.path, signature_info(run), code, notes):
+            err_console.print(f"wrote {path}", highlight=False, soft_wrap=True)
+    except KvprobeError as exc:
+        _fail([str(exc)])
+
+
+JUNIT_HELP = "write the verdict as JUnit XML here (one testsuite per candidate, one testcase per bar)"
+SUMMARY_HELP = "append a Markdown summary here (default: $GITHUB_STEP_SUMMARY when it is set)"
 
 
 @click.group(cls=Guarded, context_settings={"help_option_names": ["-h", "--help"]})
@@ -220,6 +250,7 @@ def _evaluate(config_path: Path, out: Path | None, probes: str | None, resume: P
         outcome = _run(config, run, probe_list, key, resume is not None, left_out, config_path)
     except ConfigError as exc:
         _fail(exc.problems)
+    _write_ci(run, outcome.ctx.results.get("verdict"), outcome.exit_code, outcome.messages)
     err_console.print(f"results in [bold]{run.path}[/bold]")
     sys.exit(outcome.exit_code)
 
@@ -235,12 +266,17 @@ def _evaluate(config_path: Path, out: Path | None, probes: str | None, resume: P
 @click.option("--key", type=click.Path(path_type=Path), default=None,
               help="OpenSSH Ed25519 private key that signs the verdict (else $KVPROBE_SIGNING_KEY, else "
                    "kvprobe's own key in the config directory, created on first use)")
-def eval_cmd(servers_file: Path, out: Path | None, resume: Path | None, probes: str | None, key: Path | None) -> None:
+@click.option("--junit", type=click.Path(path_type=Path), default=None, help=JUNIT_HELP)
+@click.option("--summary", type=click.Path(path_type=Path), default=None, help=SUMMARY_HELP)
+def eval_cmd(servers_file: Path, out: Path | None, resume: Path | None, probes: str | None, key: Path | None,
+             junit: Path | None, summary: Path | None) -> None:
     """Measure every server in servers.toml against the reference; write, sign and report the verdict.
 
     Exit: 0 done (read the decisions), 1 no candidate adopted and one fails or does not pass a bar,
     2 cannot run, 3 invalid comparison, 4 a server is broken, 130 interrupted (resume it), 70 a bug
     in kvprobe (the traceback is in DIR/crash.txt)."""
+    global _ci
+    _ci = CiOutputs.from_options(junit, summary)
     _evaluate(servers_file, out, probes, resume, key)
 
 
@@ -441,13 +477,17 @@ def report_cmd(run_dir: Path) -> None:
               help="who may have signed the baseline (default as for `kvprobe verify`)")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="run directory (default runs/<time>-<id>)")
 @click.option("--key", type=click.Path(path_type=Path), default=None, help="signing key, as for eval")
+@click.option("--junit", type=click.Path(path_type=Path), default=None, help=JUNIT_HELP)
+@click.option("--summary", type=click.Path(path_type=Path), default=None, help=SUMMARY_HELP)
 def canary_cmd(servers_file: Path, baseline: Path | None, allowed_signers: Path | None, out: Path | None,
-               key: Path | None) -> None:
+               key: Path | None, junit: Path | None, summary: Path | None) -> None:
     """A fast subset for a staging pipeline: smoke, capacity, short perplexity, a few needles, a short
     load case. Exit 0 pass, 1 a bar fails (or drift beyond a bar from --baseline), 2 cannot run,
     3 invalid, 4 broken."""
     from kvprobe.canary import canary_config, canary_probes, compare_with_baseline, drift_table
 
+    global _ci
+    _ci = CiOutputs.from_options(junit, summary)
     try:
         config = canary_config(load_config(servers_file))
         note_secrets([server.api_key_env for server in config.servers])
@@ -475,6 +515,8 @@ def canary_cmd(servers_file: Path, baseline: Path | None, allowed_signers: Path 
         if drift["fails"] and code == 0:
             code = 1
             err_console.print("[bold red]drift:[/bold red] " + "; ".join(drift["fails"]), highlight=False)
+    notes = [f"drift from the baseline: {line}" for line in (drift["fails"] if base and verdict else [])]
+    _write_ci(run, verdict, code, outcome.messages + notes)
     err_console.print(f"results in [bold]{run.path}[/bold]")
     sys.exit(code)
 

@@ -7,14 +7,14 @@ from typing import Any
 from kvprobe.report.tables import TableData, all_tables
 
 
-def _cell(text: str) -> str:
+def cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
 def table(t: TableData) -> str:
-    lines = [f"### {t.title}", "", "| " + " | ".join(_cell(h) for h in t.headers) + " |",
+    lines = [f"### {t.title}", "", "| " + " | ".join(cell(h) for h in t.headers) + " |",
              "|" + "|".join("---" for _ in t.headers) + "|"]
-    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in t.rows]
+    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in t.rows]
     if t.note:
         lines += ["", t.note]
     return "\n".join(lines)

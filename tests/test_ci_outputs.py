@@ -1,0 +1,109 @@
+"""--junit and --summary: the verdict as a CI system reads it. JUnit files are read back with
+junitparser (a well-kept parser), the summary with markdown-it (the CommonMark parser rich uses)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from junitparser import Failure, JUnitXml
+from markdown_it import MarkdownIt
+from verdict_inputs import Measurements
+
+from kvprobe.report.ci import CiOutputError, CiOutputs
+from kvprobe.report.junit import junit_xml, no_verdict_xml
+from kvprobe.report.step_summary import step_summary
+from kvprobe.verdict import build_verdict
+
+
+def parsed(data: bytes, tmp_path: Path) -> JUnitXml:
+    path = tmp_path / "junit.xml"
+    path.write_bytes(data)
+    return JUnitXml.fromfile(str(path))
+
+
+def cases(xml: JUnitXml) -> dict[str, dict[str, Failure | None]]:
+    out: dict[str, dict[str, Failure | None]] = {}
+    for suite in xml:
+        out[suite.name] = {}
+        for case in suite:
+            failures = [r for r in case.result if isinstance(r, Failure)]
+            out[suite.name][case.name] = failures[0] if failures else None
+    return out
+
+
+def test_a_passing_candidate_is_all_green_and_the_bytes_are_deterministic(tmp_path: Path) -> None:
+    v = build_verdict(Measurements().write(tmp_path / "run"))
+    assert v["decisions"]["cand"]["decision"] == "adopt"
+    data = junit_xml(v)
+    assert data == junit_xml(v)
+    got = cases(parsed(data, tmp_path))["kvprobe.cand"]
+    assert set(got) >= {"server health", "one-knob check", "capacity_gain_min", "perplexity_delta_max",
+                        "needle_recall_drop_max"}
+    assert all(f is None for f in got.values())
+
+
+def test_failing_and_inconclusive_bars_are_failures_with_the_verdicts_words(tmp_path: Path) -> None:
+    m = Measurements()
+    m.perplexity["servers"]["cand"].update(delta=0.19, ci95=[0.14, 0.24])
+    m.load["servers"]["cand"]["cases"] = m.load["servers"]["cand"]["cases"][:1]  # one run: no interval
+    v = build_verdict(m.write(tmp_path / "run"))
+    xml = parsed(junit_xml(v), tmp_path)
+    got = cases(xml)["kvprobe.cand"]
+    ppl = got["perplexity_delta_max"]
+    assert ppl is not None and ppl.type == "fail" and ppl.message.startswith("perplexity delta +19.00% [+14.00%")
+    speed = [f for name, f in got.items() if name.startswith("throughput_drop_max")]
+    assert speed and all(f is not None and f.type == "inconclusive" for f in speed)
+    failing = [c for c in v["decisions"]["cand"]["checks"] if c["outcome"] != "pass"]
+    assert sum(1 for f in got.values() if f is not None) == len(failing)
+    assert xml.failures == len(failing) and xml.skipped == 0  # never a skip
+
+
+def test_broken_and_invalid_candidates_fail_naming_why(tmp_path: Path) -> None:
+    m = Measurements()
+    m.servers.append(("bad", "candidate", 200_000, "fp8"))
+    m.status["cand"] = ("broken", "first-prefill smoke (272 tokens) failed: EngineCore died")
+    m.pin_differences = {"bad": [{"field": "max_model_len", "values": {"ref": 8192, "bad": 4096},
+                                  "text": "max_model_len: ref=8192 bad=4096"}]}
+    got = cases(parsed(junit_xml(build_verdict(m.write(tmp_path / "run"))), tmp_path))
+    assert "EngineCore died" in got["kvprobe.cand"]["server health"].message
+    assert got["kvprobe.bad"]["one-knob check"].message.endswith("max_model_len: ref=8192 bad=4096")
+
+
+def test_no_verdict_is_one_failure_and_notes_are_failures(tmp_path: Path) -> None:
+    got = cases(parsed(no_verdict_xml("auto: cannot reach http://127.0.0.1:1"), tmp_path))
+    assert got["kvprobe"]["run"].message == "auto: cannot reach http://127.0.0.1:1"
+    v = build_verdict(Measurements().write(tmp_path / "run"))
+    got = cases(parsed(junit_xml(v, ["drift from the baseline: cand capacity fell"]), tmp_path))
+    assert got["kvprobe"]["run"].type == "run_note"
+
+
+def test_the_summary_renders_as_markdown_with_every_bar(tmp_path: Path) -> None:
+    m = Measurements()
+    m.perplexity["servers"]["cand"].update(delta=0.19, ci95=[0.14, 0.24])
+    v = build_verdict(m.write(tmp_path / "run"))
+    text = step_summary(v, tmp_path / "run", {"fingerprint": "SHA256:abc"})
+    tokens = MarkdownIt("commonmark").enable("table").parse(text)
+    assert [t.type for t in tokens].count("table_open") == 2
+    assert "| cand | **reject** | 2.00x |" in text
+    assert "| perplexity_delta_max | - | +19.00% | [+14.00%, +24.00%] | 1.00% | fail |" in text
+    assert text.rstrip().endswith("signed by `SHA256:abc` (`verdict.json.sig`) · exit code 1")
+
+
+def test_github_step_summary_is_the_default_and_is_appended_to(tmp_path: Path, monkeypatch) -> None:
+    target = tmp_path / "step.md"
+    target.write_text("earlier step\n")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(target))
+    ci = CiOutputs.from_options(None, None)
+    v = build_verdict(Measurements().write(tmp_path / "run"))
+    assert ci.write(v, tmp_path / "run") == [target]
+    assert target.read_text().startswith("earlier step\n## kvprobe: adopt cand")
+
+
+def test_an_unwritable_file_is_one_line(tmp_path: Path) -> None:
+    ci = CiOutputs(junit=tmp_path / "missing" / "junit.xml")
+    try:
+        ci.write(None, None, notes=["x"])
+    except CiOutputError as exc:
+        assert str(exc) == f"cannot write {tmp_path / 'missing' / 'junit.xml'}: No such file or directory"
+    else:
+        raise AssertionError("no error")
