@@ -32,16 +32,19 @@ def _smaller(current: Any, fast: Any) -> Any:
     return min(current, fast)
 
 
-def canary_config(config: Config) -> Config:
+def canary_config(config: Config, budgeted: bool = False) -> Config:
+    """`budgeted`: passages and needles keep the config's own counts, as the most a --budget may grow
+    them to (kvprobe.budget sizes them); agreement and the load shape are the canary's either way."""
     def shrink(settings: Any, fast: dict[str, Any]) -> Any:
         return settings.model_copy(update={k: _smaller(getattr(settings, k), v) for k, v in fast.items()})
 
     update: dict[str, Any] = {
-        "perplexity": shrink(config.perplexity, CANARY_PERPLEXITY),
         "agreement": shrink(config.agreement, CANARY_AGREEMENT),
-        "needle": shrink(config.needle, CANARY_NEEDLE),
         "load": shrink(config.load, CANARY_LOAD).model_copy(update={"duration_s": None}),
     }
+    if not budgeted:
+        update["perplexity"] = shrink(config.perplexity, CANARY_PERPLEXITY)
+        update["needle"] = shrink(config.needle, CANARY_NEEDLE)
     return config.model_copy(update=update)
 
 

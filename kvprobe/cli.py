@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import shlex
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -212,7 +213,8 @@ def resume_hint(run: RunDir, servers_file: Path | None) -> str:
 
 
 def _run(config, run: RunDir, probe_list: list[str], key: Path | None, resume: bool,
-         left_out: list[dict[str, str]] | None = None, servers_file: Path | None = None):  # -> EvalOutcome
+         left_out: list[dict[str, str]] | None = None, servers_file: Path | None = None,
+         budget_s: float | None = None):  # -> EvalOutcome
     from kvprobe.evaluation import run_eval_sync
 
     note_run(run.path)
@@ -220,7 +222,7 @@ def _run(config, run: RunDir, probe_list: list[str], key: Path | None, resume: b
     err_console.print(f"run directory: [bold]{run.path}[/bold]" + (" (resumed)" if resume else ""))
     try:
         outcome = run_eval_sync(config, run, probe_list, err_console, signing_key=signing_key, resume=resume,
-                                left_out=left_out)
+                                left_out=left_out, budget_s=budget_s)
     except KeyboardInterrupt:
         # escaped: a path with [brackets] is text, not rich markup
         err_console.print("[yellow]interrupted:[/yellow] " + escape(resume_hint(run, servers_file)),
@@ -479,17 +481,22 @@ def report_cmd(run_dir: Path) -> None:
 @click.option("--key", type=click.Path(path_type=Path), default=None, help="signing key, as for eval")
 @click.option("--junit", type=click.Path(path_type=Path), default=None, help=JUNIT_HELP)
 @click.option("--summary", type=click.Path(path_type=Path), default=None, help=SUMMARY_HELP)
+@click.option("--budget", default=None, help="finish within this time (5m, 90s, 1h30m): the subset is sized "
+              "from the first-prefill smoke's speed, and what does not fit is not measured (and said)")
 def canary_cmd(servers_file: Path, baseline: Path | None, allowed_signers: Path | None, out: Path | None,
-               key: Path | None, junit: Path | None, summary: Path | None) -> None:
+               key: Path | None, junit: Path | None, summary: Path | None, budget: str | None) -> None:
     """A fast subset for a staging pipeline: smoke, capacity, short perplexity, a few needles, a short
     load case. Exit 0 pass, 1 a bar fails (or drift beyond a bar from --baseline), 2 cannot run,
     3 invalid, 4 broken."""
+    from kvprobe.budget import parse_budget
     from kvprobe.canary import canary_config, canary_probes, compare_with_baseline, drift_table
 
+    started = time.monotonic()
     global _ci
     _ci = CiOutputs.from_options(junit, summary)
     try:
-        config = canary_config(load_config(servers_file))
+        budget_s = parse_budget(budget) if budget else None
+        config = canary_config(load_config(servers_file), budgeted=budget_s is not None)
         note_secrets([server.api_key_env for server in config.servers])
         base = None
         if baseline is not None:
@@ -503,7 +510,7 @@ def canary_cmd(servers_file: Path, baseline: Path | None, allowed_signers: Path 
         lines = exc.problems if isinstance(exc, ConfigError) else [f"--baseline: {exc}"]
         _fail(lines, EXIT_CANNOT_RUN)
     try:
-        outcome = _run(config, run, canary_probes(), key, False)
+        outcome = _run(config, run, canary_probes(), key, False, budget_s=budget_s)
     except ConfigError as exc:
         _fail(exc.problems)
     code = outcome.exit_code
@@ -517,6 +524,9 @@ def canary_cmd(servers_file: Path, baseline: Path | None, allowed_signers: Path 
             err_console.print("[bold red]drift:[/bold red] " + "; ".join(drift["fails"]), highlight=False)
     notes = [f"drift from the baseline: {line}" for line in (drift["fails"] if base and verdict else [])]
     _write_ci(run, verdict, code, outcome.messages + notes)
+    wall = time.monotonic() - started
+    err_console.print(f"canary wall time {wall:.0f} s" + (f" (budget {budget_s:.0f} s)" if budget_s else ""),
+                      highlight=False)
     err_console.print(f"results in [bold]{run.path}[/bold]")
     sys.exit(code)
 

@@ -187,7 +187,10 @@ async def run_eval(
     signing_key: SigningKey | None = None,
     resume: bool = False,
     left_out: list[dict[str, str]] | None = None,
+    budget_s: float | None = None,
 ) -> EvalOutcome:
+    """`budget_s`: the canary's time budget (kvprobe.budget), from this call on."""
+    deadline = asyncio.get_running_loop().time() + budget_s if budget_s else None
     _write_run_json(run, config, probes, resume, left_out)
     async with AsyncExitStack() as stack:
         clients = make_clients(config, transport)
@@ -231,8 +234,13 @@ async def run_eval(
                 f"{inv.name}: KV capacity unknown: {'; '.join(inv.warnings) or 'no cache_config_info'}"
                 for inv in no_capacity], ctx)
         if invs[ref].serving:
+            if deadline is not None:
+                probes = _plan_budget(ctx, probes, inventories, deadline)
             for name in [p for p in PROBE_ORDER if p in probes]:
-                ctx.results[name] = await table[name](ctx)
+                if deadline is None:
+                    ctx.results[name] = await table[name](ctx)
+                elif not await _within_budget(ctx, name, table[name], deadline):
+                    continue
                 run.event("probe_done", probe=name)
         else:
             messages.append(f"reference {invs[ref].error}: nothing can be compared")
@@ -250,6 +258,40 @@ async def run_eval(
         if code == EXIT_OK:
             code = verdict.get("exit_code", EXIT_OK)
         return EvalOutcome(code, messages, ctx)
+
+
+def _plan_budget(ctx: EvalContext, probes: list[str], inventories: list[Inventory], deadline: float) -> list[str]:
+    """Resize ctx.config to the time left, say what will run, and record the plan."""
+    from kvprobe.budget import plan_budget
+
+    lengths = [inv.max_model_len for inv in inventories if inv.serving and inv.max_model_len]
+    left = deadline - asyncio.get_running_loop().time()
+    ctx.config, plan = plan_budget(ctx.config, probes, inventories, left, min(lengths, default=8192))
+    ctx.console.print(escape(plan.describe()), highlight=False)
+    ctx.run.event("budget_plan", **plan.to_dict())
+    for probe in plan.left_out:
+        ctx.run.event("budget_cut", probe=probe, started=False)
+    return plan.probes
+
+
+async def _within_budget(ctx: EvalContext, name: str, probe: Callable[[EvalContext], Awaitable[Any]],
+                         deadline: float) -> bool:
+    """Run one probe until the deadline (less the verdict's few seconds); cut it there, cleanly."""
+    from kvprobe.budget import RESERVE_S
+
+    left = deadline - asyncio.get_running_loop().time() - RESERVE_S
+    if left <= 0:
+        ctx.run.event("budget_cut", probe=name, started=False)
+        ctx.console.print(f"[yellow]budget:[/yellow] {name} not started, the budget is spent", highlight=False)
+        return False
+    try:
+        ctx.results[name] = await asyncio.wait_for(probe(ctx), left)
+    except TimeoutError:
+        ctx.run.event("budget_cut", probe=name, started=True)
+        ctx.console.print(f"[yellow]budget:[/yellow] {name} cut at the budget; what it measured is in "
+                          "events.jsonl, the verdict counts it as not measured", highlight=False)
+        return False
+    return True
 
 
 def run_eval_sync(*args: Any, **kw: Any) -> EvalOutcome:

@@ -169,6 +169,7 @@ def gather(run: RunDir) -> dict[str, Any]:
         if pin is not None:
             pin = {k: v for k, v in pin.items() if k not in ("t", "kind")}
     requested = list(meta.get("probes") or [])
+    cut = {e.get("probe") for e in run.events("budget_cut")}
     return {
         "reference": reference,
         "order": [s["name"] for s in servers_cfg],
@@ -180,6 +181,7 @@ def gather(run: RunDir) -> dict[str, Any]:
         "probes_status": {
             p: ("ran" if probes[p] is not None and not (p == "capacity" and capacity_source == "inventory")
                 else "from inventory" if p == "capacity" and probes[p] is not None
+                else "cut at the budget" if p in cut
                 else "requested, no results" if p in requested else "not run")
             for p in PROBES
         },

@@ -1,0 +1,68 @@
+"""The GitHub Actions example's canary step, run by bash against the real vLLM trio (see
+kvprobe.servers.testbed): it fails the job with kvprobe's own exit code, keeps its --budget within 10%,
+and leaves a JUnit file a parser accepts, with a failure for each bar not passed, and a step summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from junitparser import Failure, JUnitXml
+from scenarios import trio
+
+pytestmark = pytest.mark.integration
+
+STEP = Path(__file__).parents[2] / "examples" / "ci" / "github-actions.yml"
+BUDGET_S = 180
+
+
+def canary_step() -> tuple[str, dict[str, str]]:
+    doc = yaml.safe_load(STEP.read_text())
+    job = doc["jobs"]["canary"]
+    step = next(s for s in job["steps"] if "kvprobe canary" in s.get("run", ""))
+    return step["run"], dict(job["env"])
+
+
+def test_the_ci_step_against_the_demo_servers(vllm_servers, tmp_path: Path) -> None:
+    servers = tmp_path / "staging-servers.toml"
+    servers.write_text("".join(f'[[server]]\nname = "{s["name"]}"\nurl = "{s["url"]}"\nrole = "{s["role"]}"\n\n'
+                               for s in trio(vllm_servers)))
+    script, env = canary_step()
+    env |= {"KVPROBE_SERVERS": str(servers), "KVPROBE_OUT": str(tmp_path / "run"),
+            "KVPROBE_JUNIT": str(tmp_path / "junit.xml"), "KVPROBE_BUDGET": f"{BUDGET_S}s",
+            "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md")}
+    path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"  # `kvprobe` as the job's pip install gives it
+    t0 = time.monotonic()
+    done = subprocess.run(["bash", "-c", script], env={**os.environ, **env, "PATH": path}, capture_output=True,
+                          text=True, timeout=BUDGET_S * 3)
+    wall = time.monotonic() - t0
+    print(done.stderr[-3000:])
+    print(f"canary step wall time {wall:.0f} s for a {BUDGET_S} s budget")
+    # The lossy 2x candidate fails its quality bars: the step exits 1, and so does the job.
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert wall <= 1.1 * BUDGET_S
+    # It said up front what it would run, and how long it took.
+    assert re.search(r"budget \d+s from [\d,]+ prompt tokens/s \(the slowest first-prefill smoke\): capacity",
+                     " ".join(done.stderr.split()))
+    assert "canary wall time" in done.stderr
+
+    verdict = json.loads((tmp_path / "run" / "verdict.json").read_text())
+    xml = JUnitXml.fromfile(str(tmp_path / "junit.xml"))
+    suites = {s.name: s for s in xml}
+    for name, d in verdict["decisions"].items():
+        suite = suites[f"kvprobe.{name}"]
+        failed = {c.name: r for c in suite for r in c.result if isinstance(r, Failure)}
+        not_passed = [c for c in d["checks"] if c["outcome"] != "pass"]
+        assert len([n for n in failed if n not in ("server health", "one-knob check", "capacity_gain_min")]) \
+            == len(not_passed)
+        if d["decision"] == "reject":
+            assert failed and any(r.type == "fail" for r in failed.values())
+    summary = (tmp_path / "summary.md").read_text()
+    assert summary.startswith("## kvprobe: keep auto") and "exit code 1" in summary
