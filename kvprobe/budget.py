@@ -23,8 +23,8 @@ from kvprobe.inventory import Inventory
 PASSAGE_TOKENS = 2_700
 DECODE_S_PER_TOKEN = 0.03
 NEEDLE_ANSWER_TOKENS = 64
-# Verdict, signature, reports and the plots: a few seconds; kept out of what the probes may spend.
-RESERVE_S = 8.0
+# Verdict, signature, reports and their plots after the last probe: ~5-10 s on a busy 2-core box.
+RESERVE_S = 12.0
 RESERVE_SHARE = 0.05
 _UNITS = {"s": 1, "m": 60, "h": 3600}
 

@@ -214,7 +214,7 @@ def resume_hint(run: RunDir, servers_file: Path | None) -> str:
 
 def _run(config, run: RunDir, probe_list: list[str], key: Path | None, resume: bool,
          left_out: list[dict[str, str]] | None = None, servers_file: Path | None = None,
-         budget_s: float | None = None):  # -> EvalOutcome
+         deadline: float | None = None):  # -> EvalOutcome
     from kvprobe.evaluation import run_eval_sync
 
     note_run(run.path)
@@ -222,7 +222,7 @@ def _run(config, run: RunDir, probe_list: list[str], key: Path | None, resume: b
     err_console.print(f"run directory: [bold]{run.path}[/bold]" + (" (resumed)" if resume else ""))
     try:
         outcome = run_eval_sync(config, run, probe_list, err_console, signing_key=signing_key, resume=resume,
-                                left_out=left_out, budget_s=budget_s)
+                                left_out=left_out, deadline=deadline)
     except KeyboardInterrupt:
         # escaped: a path with [brackets] is text, not rich markup
         err_console.print("[yellow]interrupted:[/yellow] " + escape(resume_hint(run, servers_file)),
@@ -510,7 +510,10 @@ def canary_cmd(servers_file: Path, baseline: Path | None, allowed_signers: Path 
         lines = exc.problems if isinstance(exc, ConfigError) else [f"--baseline: {exc}"]
         _fail(lines, EXIT_CANNOT_RUN)
     try:
-        outcome = _run(config, run, canary_probes(), key, False, budget_s=budget_s)
+        # The whole command keeps the budget: the deadline counts from its start, and the reports
+        # rendered after the verdict come out of the plan's reserve.
+        deadline = started + budget_s if budget_s else None
+        outcome = _run(config, run, canary_probes(), key, False, deadline=deadline)
     except ConfigError as exc:
         _fail(exc.problems)
     code = outcome.exit_code

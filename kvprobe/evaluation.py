@@ -9,6 +9,7 @@ After the probes the verdict is written from what is on disk and signed (verdict
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -187,10 +188,9 @@ async def run_eval(
     signing_key: SigningKey | None = None,
     resume: bool = False,
     left_out: list[dict[str, str]] | None = None,
-    budget_s: float | None = None,
+    deadline: float | None = None,
 ) -> EvalOutcome:
-    """`budget_s`: the canary's time budget (kvprobe.budget), from this call on."""
-    deadline = asyncio.get_running_loop().time() + budget_s if budget_s else None
+    """`deadline`: the canary's --budget ends then (time.monotonic(); kvprobe.budget)."""
     _write_run_json(run, config, probes, resume, left_out)
     async with AsyncExitStack() as stack:
         clients = make_clients(config, transport)
@@ -265,7 +265,7 @@ def _plan_budget(ctx: EvalContext, probes: list[str], inventories: list[Inventor
     from kvprobe.budget import plan_budget
 
     lengths = [inv.max_model_len for inv in inventories if inv.serving and inv.max_model_len]
-    left = deadline - asyncio.get_running_loop().time()
+    left = deadline - time.monotonic()
     ctx.config, plan = plan_budget(ctx.config, probes, inventories, left, min(lengths, default=8192))
     ctx.console.print(escape(plan.describe()), highlight=False)
     ctx.run.event("budget_plan", **plan.to_dict())
@@ -279,7 +279,7 @@ async def _within_budget(ctx: EvalContext, name: str, probe: Callable[[EvalConte
     """Run one probe until the deadline (less the verdict's few seconds); cut it there, cleanly."""
     from kvprobe.budget import RESERVE_S
 
-    left = deadline - asyncio.get_running_loop().time() - RESERVE_S
+    left = deadline - time.monotonic() - RESERVE_S
     if left <= 0:
         ctx.run.event("budget_cut", probe=name, started=False)
         ctx.console.print(f"[yellow]budget:[/yellow] {name} not started, the budget is spent", highlight=False)
