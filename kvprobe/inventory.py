@@ -242,8 +242,10 @@ def attention_block(inv: Inventory) -> int | None:
     labels = inv.cache_config or {}
     for label in ("effective_attention_block_size", "block_size"):
         try:
-            return int(labels[label])
-        except (KeyError, ValueError):
+            # Through number(): int() alone takes "-5" and "1_000", and a block of -5 sizes the smoke.
+            return number(labels.get(label), f"/metrics {label}", integer=True, minimum=1,
+                          maximum=MAX_MODEL_LEN, text=True)
+        except Unreadable:  # absent ("None") or garbled: the next label, else unknown
             continue
     return None
 
