@@ -89,12 +89,12 @@ def _reasoning_of(obj: dict[str, Any]) -> str:
     return _text(obj.get("reasoning") or obj.get("reasoning_content"))
 
 
-def _text(value: Any) -> str:
+def _text(value: Any, what: str = "a text field") -> str:
     """A text field of an answer: null is empty; anything but a string is garbage."""
     if value is None:
         return ""
     if not isinstance(value, str):
-        raise ValueError(f"a text field is {type(value).__name__}, not a string")
+        raise ValueError(f"{what} is {type(value).__name__}, not a string")
     return value
 
 
@@ -401,7 +401,7 @@ def _apply_message(gen: Generation, data: Any) -> None:
     message = _object(choice.get("message") or {}, "choices[0].message")
     gen.content = _text(message.get("content"))
     gen.reasoning = _reasoning_of(message)
-    gen.finish_reason = choice.get("finish_reason")
+    gen.finish_reason = _text(choice.get("finish_reason"), "finish_reason") or None
     usage = data.get("usage")
     gen.usage = usage if isinstance(usage, dict) else None
     fingerprint = data.get("system_fingerprint")
@@ -486,5 +486,6 @@ def _apply_event(gen: Generation, event: Any, now: float, reasoning_parts: list[
             reasoning_parts.append(reasoning)
         if content:
             content_parts.append(content)
-        if choice.get("finish_reason"):
-            gen.finish_reason = choice["finish_reason"]
+        # Scored against "length" and written to every event: a list or object there is garbage.
+        if finish := _text(choice.get("finish_reason"), "finish_reason"):
+            gen.finish_reason = finish
