@@ -104,17 +104,37 @@ def _object(value: Any, what: str) -> dict[str, Any]:
     return value
 
 
+def _loads(content: bytes) -> Any:
+    """A JSON body, with orjson rather than httpx's json.loads: the stdlib decoder takes NaN, a lone
+    surrogate and a 400-digit int (each a traceback when the run directory is written) and raises
+    RecursionError, not ValueError, on `[[[[...`. orjson refuses them all with a ValueError; it
+    reads an int past 64 bits as a float, which the number checks then judge."""
+    return orjson.loads(content)
+
+
 def _error_text(resp: httpx.Response) -> str:
+    """The server's own words about an error, as one line (it ends a line kvprobe prints)."""
     try:
-        body = resp.json()
+        body = _loads(resp.content)
     except ValueError:
-        return resp.text.strip()[:500] or resp.reason_phrase
+        return _line(resp.text) or resp.reason_phrase
     if isinstance(body, dict):
         err = body.get("error", body)
         if isinstance(err, dict):
-            return str(err.get("message") or err)[:500]
-        return str(err)[:500]
-    return str(body)[:500]
+            return _line(err.get("message") or err)
+        return _line(err)
+    return _line(body)
+
+
+def _line(value: Any, limit: int = 500) -> str:
+    # An HTML page or a pretty-printed body spans lines; str() of a list nested 1000 deep raises
+    # RecursionError, so only orjson's flat rendering is used for what is not a string.
+    if not isinstance(value, str):
+        try:
+            value = orjson.dumps(value).decode()
+        except TypeError:
+            value = f"({type(value).__name__} nested too deep to show)"
+    return " ".join(value[: limit * 4].split())[:limit]
 
 
 class Client:
@@ -208,7 +228,7 @@ class Client:
 
     def _json(self, resp: httpx.Response, path: str) -> Any:
         try:
-            return resp.json()
+            return _loads(resp.content)
         except ValueError:
             raise ServerError(self.name, f"not JSON: {resp.text[:200]!r}", path=path) from None
 
