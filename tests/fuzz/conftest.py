@@ -10,7 +10,7 @@ import os
 
 from hypothesis import HealthCheck, settings
 
-_EXAMPLES = int(os.environ.get("KVPROBE_FUZZ_EXAMPLES", "150"))
+_EXAMPLES = int(os.environ.get("KVPROBE_FUZZ_EXAMPLES", "400"))
 _RANDOM = os.environ.get("KVPROBE_FUZZ_SEED") == "random"
 
 settings.register_profile(
