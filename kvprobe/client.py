@@ -89,12 +89,12 @@ def _reasoning_of(obj: dict[str, Any]) -> str:
     return _text(obj.get("reasoning") or obj.get("reasoning_content"))
 
 
-def _text(value: Any) -> str:
+def _text(value: Any, what: str = "a text field") -> str:
     """A text field of an answer: null is empty; anything but a string is garbage."""
     if value is None:
         return ""
     if not isinstance(value, str):
-        raise ValueError(f"a text field is {type(value).__name__}, not a string")
+        raise ValueError(f"{what} is {type(value).__name__}, not a string")
     return value
 
 
@@ -104,17 +104,37 @@ def _object(value: Any, what: str) -> dict[str, Any]:
     return value
 
 
+def _loads(content: bytes) -> Any:
+    """A JSON body, with orjson rather than httpx's json.loads: the stdlib decoder takes NaN, a lone
+    surrogate and a 400-digit int (each a traceback when the run directory is written) and raises
+    RecursionError, not ValueError, on `[[[[...`. orjson refuses them all with a ValueError; it
+    reads an int past 64 bits as a float, which the number checks then judge."""
+    return orjson.loads(content)
+
+
 def _error_text(resp: httpx.Response) -> str:
+    """The server's own words about an error, as one line (it ends a line kvprobe prints)."""
     try:
-        body = resp.json()
+        body = _loads(resp.content)
     except ValueError:
-        return resp.text.strip()[:500] or resp.reason_phrase
+        return _line(resp.text) or resp.reason_phrase
     if isinstance(body, dict):
         err = body.get("error", body)
         if isinstance(err, dict):
-            return str(err.get("message") or err)[:500]
-        return str(err)[:500]
-    return str(body)[:500]
+            return _line(err.get("message") or err)
+        return _line(err)
+    return _line(body)
+
+
+def _line(value: Any, limit: int = 500) -> str:
+    # An HTML page or a pretty-printed body spans lines; str() of a list nested 1000 deep raises
+    # RecursionError, so only orjson's flat rendering is used for what is not a string.
+    if not isinstance(value, str):
+        try:
+            value = orjson.dumps(value).decode()
+        except TypeError:
+            value = f"({type(value).__name__} nested too deep to show)"
+    return " ".join(value[: limit * 4].split())[:limit]
 
 
 class Client:
@@ -208,7 +228,7 @@ class Client:
 
     def _json(self, resp: httpx.Response, path: str) -> Any:
         try:
-            return resp.json()
+            return _loads(resp.content)
         except ValueError:
             raise ServerError(self.name, f"not JSON: {resp.text[:200]!r}", path=path) from None
 
@@ -401,7 +421,7 @@ def _apply_message(gen: Generation, data: Any) -> None:
     message = _object(choice.get("message") or {}, "choices[0].message")
     gen.content = _text(message.get("content"))
     gen.reasoning = _reasoning_of(message)
-    gen.finish_reason = choice.get("finish_reason")
+    gen.finish_reason = _text(choice.get("finish_reason"), "finish_reason") or None
     usage = data.get("usage")
     gen.usage = usage if isinstance(usage, dict) else None
     fingerprint = data.get("system_fingerprint")
@@ -486,5 +506,6 @@ def _apply_event(gen: Generation, event: Any, now: float, reasoning_parts: list[
             reasoning_parts.append(reasoning)
         if content:
             content_parts.append(content)
-        if choice.get("finish_reason"):
-            gen.finish_reason = choice["finish_reason"]
+        # Scored against "length" and written to every event: a list or object there is garbage.
+        if finish := _text(choice.get("finish_reason"), "finish_reason"):
+            gen.finish_reason = finish

@@ -229,12 +229,31 @@ async def take_inventory(
 _SYSTEM_FACTS = ("vllm_version", "torch_version", "hip_runtime_version", "rocm_version")
 
 
-def _flatten(obj: Any, prefix: str, out: dict[str, Any]) -> None:
-    if isinstance(obj, dict):
+# A real engine config nests under 10 deep. The facts are compared and written to the run directory,
+# and orjson writes 255 levels at most (a server's JSON may have 1024); a deeper value is not a fact.
+_MAX_DEPTH = 16
+_TOO_DEEP = "(unreadable: nested more than 16 deep)"
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    stack = [(value, 0)]  # not recursive: a garbage value may nest past Python's recursion limit
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def _flatten(obj: Any, prefix: str, out: dict[str, Any], depth: int = 0) -> None:
+    if depth > _MAX_DEPTH:
+        out[prefix] = _TOO_DEEP
+    elif isinstance(obj, dict):
         for key, value in obj.items():
-            _flatten(value, f"{prefix}.{key}", out)
+            _flatten(value, f"{prefix}.{key}", out, depth + 1)
     else:
-        out[prefix] = obj
+        out[prefix] = _TOO_DEEP if _deeper_than(obj, _MAX_DEPTH - depth) else obj
 
 
 def attention_block(inv: Inventory) -> int | None:
@@ -242,8 +261,10 @@ def attention_block(inv: Inventory) -> int | None:
     labels = inv.cache_config or {}
     for label in ("effective_attention_block_size", "block_size"):
         try:
-            return int(labels[label])
-        except (KeyError, ValueError):
+            # Through number(): int() alone takes "-5" and "1_000", and a block of -5 sizes the smoke.
+            return number(labels.get(label), f"/metrics {label}", integer=True, minimum=1,
+                          maximum=MAX_MODEL_LEN, text=True)
+        except Unreadable:  # absent ("None") or garbled: the next label, else unknown
             continue
     return None
 
@@ -256,12 +277,12 @@ def engine_facts(info: dict[str, Any]) -> dict[str, Any]:
     env = info.get("vllm_env")
     for name, value in (env if isinstance(env, dict) else {}).items():
         if not any(word in name for word in ("KEY", "TOKEN", "SECRET", "PASSWORD")):
-            out[f"vllm_env.{name}"] = value
+            out[f"vllm_env.{name}"] = _TOO_DEEP if _deeper_than(value, _MAX_DEPTH) else value
     system = info.get("system_env")
     system = system if isinstance(system, dict) else {}
     for name in _SYSTEM_FACTS:
         if name in system:
-            out[f"system.{name}"] = system[name]
+            out[f"system.{name}"] = _TOO_DEEP if _deeper_than(system[name], _MAX_DEPTH) else system[name]
     return out
 
 

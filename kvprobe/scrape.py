@@ -142,7 +142,10 @@ def parse_metrics(text: str) -> MetricsSnapshot:
                         continue
                 snap.samples.setdefault(name, []).append((dict(sample.labels), float(value)))
     except (ValueError, TypeError, IndexError) as exc:
-        raise MetricsError(f"/metrics is not valid Prometheus text: {exc}") from None
+        # prometheus-client quotes the whole offending line, which may be megabytes of garbage.
+        detail = " ".join(str(exc).split())
+        detail = detail if len(detail) <= 200 else f"{detail[:200]}..."
+        raise MetricsError(f"/metrics is not valid Prometheus text: {detail}") from None
     engines = [labels for labels, _ in snap.samples.get(CACHE_CONFIG, [])]
     engines.sort(key=lambda labels: labels.get("engine", ""))
     snap.cache_config_engines = engines

@@ -9,6 +9,7 @@ through `number`.
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 from kvprobe.errors import ServerError
@@ -50,6 +51,19 @@ def _parse(value: Any, text: bool) -> float | int | None:
     return None
 
 
+# A value is quoted in the message, and a server may send a megabyte of it: enough to recognise it.
+_QUOTE = 60
+
+
+def _quote(value: Any) -> str:
+    """`value` as the message shows it: repr, cut short. Python refuses to print an int of more than
+    4300 digits (and would take a while on one of a million), so a huge one is described instead."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+        return f"(an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits)"
+    text = repr(value)
+    return text if len(text) <= _QUOTE else f"{text[:_QUOTE]}... ({len(text)} characters)"
+
+
 def _show(limit: float) -> str:
     return f"{int(limit):,}" if float(limit).is_integer() else f"{limit:g}"
 
@@ -64,16 +78,20 @@ def number(value: Any, what: str, *, integer: bool = False, minimum: float | Non
     parsed = _parse(value, text)
     if parsed is None:
         kind = "" if text or not isinstance(value, str) else " (a string)"
-        raise Unreadable(f"{what} {value!r} is not a number{kind}")
+        raise Unreadable(f"{what} {_quote(value)} is not a number{kind}")
     if isinstance(parsed, float):
         if not math.isfinite(parsed):
-            raise Unreadable(f"{what} {value!r} is not a finite number")
+            raise Unreadable(f"{what} {_quote(value)} is not a finite number")
         if integer and not parsed.is_integer():
-            raise Unreadable(f"{what} {value!r} is not a whole number")
+            raise Unreadable(f"{what} {_quote(value)} is not a whole number")
     if minimum is not None and parsed < minimum:
-        raise Unreadable(f"{what} {value!r} is below {_show(minimum)}")
+        raise Unreadable(f"{what} {_quote(value)} is below {_show(minimum)}")
     if maximum is not None and parsed > maximum:
-        raise Unreadable(f"{what} {value!r} is absurdly large (over {_show(maximum)})")
+        raise Unreadable(f"{what} {_quote(value)} is absurdly large (over {_show(maximum)})")
+    # An int past float's range passes the bounds above when one is open (a logprob has no minimum)
+    # and would raise OverflowError in float(), or poison every sum it joins.
+    if isinstance(parsed, int) and abs(parsed) > sys.float_info.max:
+        raise Unreadable(f"{what} {_quote(value)} is beyond any number a float holds")
     return int(parsed) if integer else float(parsed)
 
 

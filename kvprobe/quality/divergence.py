@@ -22,6 +22,8 @@ TopK = dict[int, float]  # token id -> logprob, at one position
 
 # A logprob is at most 0; float rounding in a server's log-softmax may overshoot by a hair.
 _LOGPROB_MAX = 1e-3
+# Past any vocabulary (the largest are ~260k): a token id beyond it is garbage, not a token.
+_TOKEN_ID_MAX = 2**31
 # Leftover mass below this is rounding, not probability.
 _MASS_EPS = 1e-9
 # A candidate whose reported tokens hold all its mass still gives the leftover tokens some probability.
@@ -43,9 +45,10 @@ def parse_prompt_logprobs(response: dict[str, Any], server: str = "server") -> l
         if entry is None:
             out.append(None)
             continue
-        if not isinstance(entry, dict):
-            raise Unreadable(f"{where}[{pos}] is not an object", server=server)
-        out.append({number(tok, f"{where}[{pos}] token id", integer=True, minimum=0, text=True):
+        # Empty has no top-1 to compare (max() of nothing): vLLM always sends at least the prompt's token.
+        if not isinstance(entry, dict) or not entry:
+            raise Unreadable(f"{where}[{pos}] is not an object of token logprobs", server=server)
+        out.append({number(tok, f"{where}[{pos}] token id", integer=True, minimum=0, maximum=_TOKEN_ID_MAX, text=True):
                     number(v.get("logprob") if isinstance(v, dict) else v, f"{where}[{pos}][{tok}].logprob",
                            maximum=_LOGPROB_MAX)
                     for tok, v in entry.items()})

@@ -244,8 +244,14 @@ def check_logprobs(server: str, outputs: Any, ctxlens: list[int]) -> None:
                 raise Unreadable(f"{where}: logprobs has no token_logprobs and top_logprobs lists", server=server)
             for i in range(ctxlen, len(token_logprobs) - 1):
                 number(token_logprobs[i], f"{where} logprobs.token_logprobs[{i}]", maximum=_LOGPROB_MAX)
-            if not all(isinstance(t, dict) for t in top[ctxlen:-1]):
-                raise Unreadable(f"{where}: logprobs.top_logprobs has an entry that is not an object", server=server)
+            # lm-eval compares each token's logprob with max(top.values()): an empty entry or a
+            # string among the values is a ValueError or TypeError inside it.
+            for i, entry in enumerate(top[ctxlen:-1], ctxlen):
+                if not isinstance(entry, dict) or not entry:
+                    raise Unreadable(f"{where}: logprobs.top_logprobs[{i}] is not an object of token logprobs",
+                                     server=server)
+                for token, value in entry.items():
+                    number(value, f"{where} logprobs.top_logprobs[{i}][{token[:40]!r}]", maximum=_LOGPROB_MAX)
 
 
 def _model_class() -> type:
