@@ -229,6 +229,9 @@ def audit(log: list[Seen], run: Path) -> dict[str, Any]:
     misrecorded = [s for s in fired if s.key is not None and s.key[0] not in warm
                    and recorded.get((s.server, *s.key), {}).get("status") == "ok" and times[(s.server, *s.key)] == 1]
     failed = Counter(r["status"] for r in rows if r["status"] != "ok")
+    on_measured = [s for s in fired if s.key is not None and s.key[0] not in warm]
+    faulted = {(s.server, *s.key) for s in on_measured}
+    unprovoked = [k for k, r in recorded.items() if r["status"] != "ok" and k not in faulted]
     return {
         "events": events, "rows": rows, "cases": cases, "aborted": aborted, "measured": measured,
         "warmup_requests": len(chats) - len(measured), "lost": lost, "misrecorded": misrecorded,
@@ -236,7 +239,8 @@ def audit(log: list[Seen], run: Path) -> dict[str, Any]:
         # what the first attempt of each re-sent measurement met
         "retried_after": Counter(next((s.kind or "no fault") for s in measured if (s.server, *s.key) == k)
                                  for k, n in times.items() if n > 1),
-        "torn": sum(e["kind"] == "<torn line>" for e in events),
+        "torn": sum(e["kind"] == "<torn line>" for e in events), "on_measured": len(on_measured),
+        "unprovoked": unprovoked,
         "recorded_not_seen": [k for k in recorded if k not in times],
     }
 
@@ -310,9 +314,11 @@ def main() -> int:
           f"{found['warmup_requests']} warm-up, {len(log) - len(found['measured']) - found['warmup_requests']} other)")
     print(f"  faults injected    {len(found['fired'])}  ({', '.join(f'{k} {faults.get(k, 0)}' for k in KINDS)})")
     after = ", ".join(f"after {k} {v}" for k, v in sorted(found["retried_after"].items()))
+    print(f"    on measurements  {found['on_measured']}  (the rest on warm-ups and /metrics scrapes)")
     print(f"  retried            {found['retried']}" + (f"  ({after})" if after else ""))
     print(f"  failed             {sum(found['failed'].values())}  "
           f"({', '.join(f'{k} {v}' for k, v in sorted(found['failed'].items())) or 'none'})")
+    print(f"    without a fault  {len(found['unprovoked'])}")
     print(f"  recorded           {len(found['rows'])} rows in events.jsonl, {len(found['cases'])} cases finished, "
           f"{len(found['aborted'])} aborted")
     print(f"  misrecorded        {len(found['misrecorded'])}  (a faulted request recorded as a success)")

@@ -439,7 +439,11 @@ def report_cmd(run_dir: Path) -> None:
         err_console.print("[yellow]note:[/yellow] no verdict.json (the run did not finish): deciding from what "
                           "is on disk, unsigned", highlight=False)
         verdict = build_verdict(run)
-    _report(run, verdict)
+    try:
+        _report(run, verdict)
+    except DiskError as exc:
+        _fail([f"{exc}: free space and run `{shlex.join(['kvprobe', 'report', str(run.path)])}` again"],
+              exc.exit_code)
 
 
 @main.command(name="canary")
