@@ -277,3 +277,15 @@ def test_a_real_tiny_filesystem(tmp_path, clean) -> None:
                         r"space and finish it with `kvprobe eval --servers \S+ --resume \S+`", line), line
     assert second["exit"] == clean["needle"][0] and second["decisions"] == clean["needle"][1], second
     assert second["events_whole"] and second["events"] >= first["events"]
+
+
+def test_report_on_a_full_disk_says_to_run_it_again(tmp_path, monkeypatch) -> None:
+    servers, out = tmp_path / "servers.toml", tmp_path / "run"
+    servers.write_text(NEEDLE_TOML)
+    assert kvprobe_eval(monkeypatch, trio(), "--servers", str(servers), "--out", str(out),
+                        "--probes", "capacity,needle").exit_code == 1
+    monkeypatch.setattr(os, "write", FullDisk(out, at="report.html").write)
+    result = CliRunner().invoke(cli.main, ["report", str(out)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert errors(result) == [f"error: cannot write {out / 'report.html'}: No space left on device: free space and "
+                              f"run `kvprobe report {out}` again"]
