@@ -194,7 +194,8 @@ def _run(config, run: RunDir, probe_list: list[str], key: Path | None, resume: b
 
     note_run(run.path)
     signing_key = _signing_key(key)
-    err_console.print(f"run directory: [bold]{run.path}[/bold]" + (" (resumed)" if resume else ""))
+    err_console.print(f"run directory: [bold]{escape(str(run.path))}[/bold]" + (" (resumed)" if resume else ""),
+                      soft_wrap=True)  # one line, for copy and paste
     try:
         outcome = run_eval_sync(config, run, probe_list, err_console, signing_key=signing_key, resume=resume,
                                 left_out=left_out)
