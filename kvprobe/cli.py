@@ -19,6 +19,7 @@ from kvprobe import __version__
 from kvprobe.client import Client
 from kvprobe.config import Server, load_config
 from kvprobe.crash import Guarded, note_run, note_secrets
+from kvprobe.disk import DiskError
 from kvprobe.errors import (
     EXIT_BROKEN,
     EXIT_CANNOT_RUN,
@@ -203,13 +204,19 @@ def _report(run: RunDir, verdict: dict) -> None:
                       soft_wrap=True)
 
 
-def resume_hint(run: RunDir, servers_file: Path | None) -> str:
-    """What to do after Ctrl-C: the exact command that finishes the run, ready to paste."""
-    where = f"everything measured is in {run.path}"
+def finish_command(run: RunDir, servers_file: Path | None) -> str:
+    """How to finish the run: the exact command, ready to paste."""
     if servers_file is None:  # a canary's settings are its own: `eval --resume` would refuse them
-        return f"{where}; run the canary again to finish"
-    command = ["kvprobe", "eval", "--servers", str(servers_file), "--resume", str(run.path)]
-    return f"{where}; finish it with `{shlex.join(command)}`"
+        return "run the canary again to finish"
+    command = ["kvprobe", "eval", "--servers", str(servers_file)]
+    if not run.has("run.json"):  # stopped before the run was recorded: nothing to resume
+        return f"start it again with `{shlex.join([*command, '--out', str(run.path)])}`"
+    return f"finish it with `{shlex.join([*command, '--resume', str(run.path)])}`"
+
+
+def resume_hint(run: RunDir, servers_file: Path | None) -> str:
+    """What to do after Ctrl-C."""
+    return f"everything measured is in {run.path}; {finish_command(run, servers_file)}"
 
 
 def _run(config, run: RunDir, probe_list: list[str], key: Path | None, resume: bool,
@@ -219,21 +226,24 @@ def _run(config, run: RunDir, probe_list: list[str], key: Path | None, resume: b
 
     note_run(run.path)
     signing_key = _signing_key(key)
-    err_console.print(f"run directory: [bold]{run.path}[/bold]" + (" (resumed)" if resume else ""), soft_wrap=True)
+    err_console.print(f"run directory: [bold]{escape(str(run.path))}[/bold]" + (" (resumed)" if resume else ""),
+                      soft_wrap=True)  # one line, for copy and paste
     try:
         outcome = run_eval_sync(config, run, probe_list, err_console, signing_key=signing_key, resume=resume,
                                 left_out=left_out, deadline=deadline)
+        verdict = outcome.ctx.results.get("verdict")
+        if verdict is not None:
+            _report(run, verdict)
     except KeyboardInterrupt:
         # escaped: a path with [brackets] is text, not rich markup
         err_console.print("[yellow]interrupted:[/yellow] " + escape(resume_hint(run, servers_file)),
                           highlight=False, soft_wrap=True)
         sys.exit(EXIT_INTERRUPTED)
+    except DiskError as exc:  # what was appended before is whole on disk: resuming repeats none of it
+        _fail([f"{exc}: free space and {finish_command(run, servers_file)}"], exc.exit_code)
     except KvprobeError as exc:
         _fail([str(exc)], exc.exit_code)
-    verdict = outcome.ctx.results.get("verdict")
-    if verdict is not None:
-        _report(run, verdict)
-    elif "capacity" in outcome.ctx.results:
+    if verdict is None and "capacity" in outcome.ctx.results:
         out_console.print(capacity_table(outcome.ctx.results["capacity"]))
     for line in outcome.messages:
         err_console.print(f"[bold red]error:[/bold red] {escape(line)}", highlight=False, soft_wrap=True)
@@ -443,8 +453,8 @@ def memmap(config: Path, max_model_len: int | None, kv_dtypes: str, kv_memory: s
     for option, path, draw, label in charts:
         try:
             written = draw(path)
-        except OSError as exc:
-            _fail([f"{option} {path}: cannot write the chart: {exc.strerror}"])
+        except DiskError as exc:
+            _fail([f"{option} {path}: cannot write the chart: {exc.cause}"])
         err_console.print(f"{label}: [bold]{written}[/bold]", highlight=False)
 
 
@@ -468,7 +478,11 @@ def report_cmd(run_dir: Path) -> None:
         err_console.print("[yellow]note:[/yellow] no verdict.json (the run did not finish): deciding from what "
                           "is on disk, unsigned", highlight=False)
         verdict = build_verdict(run)
-    _report(run, verdict)
+    try:
+        _report(run, verdict)
+    except DiskError as exc:
+        _fail([f"{exc}: free space and run `{shlex.join(['kvprobe', 'report', str(run.path)])}` again"],
+              exc.exit_code)
 
 
 @main.command(name="canary")

@@ -24,7 +24,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from kvprobe import __version__
-from kvprobe.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, KvprobeError
+from kvprobe.disk import DiskError, as_disk_error, is_disk_error, write_atomic
+from kvprobe.errors import EXIT_CANNOT_RUN, EXIT_INTERNAL, EXIT_INTERRUPTED, KvprobeError
 from kvprobe.store import utc_now
 
 REDACTED = "[redacted]"
@@ -69,9 +70,8 @@ def write_crash(exc: BaseException, *, run_dir: Path | None, secret_env: Iterabl
     targets.append(cache_dir() / "crashes" / f"crash-{stamp}-{os.getpid()}.txt")
     for target in targets:
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(text)
-        except OSError:
+            write_atomic(target, text.encode())
+        except DiskError:
             continue
         return target
     return None
@@ -108,6 +108,15 @@ class Guarded(click.Group):
             for line in str(exc).splitlines() or [type(exc).__name__]:
                 self.console.print(f"[bold red]error:[/bold red] {escape(line)}", highlight=False, soft_wrap=True)
             sys.exit(exc.exit_code)
+        except OSError as exc:
+            if not is_disk_error(exc):
+                self._crashed(ctx, exc)
+            # A full disk met by a library kvprobe calls (not through kvprobe.disk) is not a bug either.
+            run_dir = ctx.meta.get(RUN_DIR)
+            where = f"; what was measured is in {run_dir}" if run_dir else ""
+            self.console.print(f"[bold red]error:[/bold red] {escape(f'{as_disk_error(exc)}{where}')}",
+                               highlight=False, soft_wrap=True)
+            sys.exit(EXIT_CANNOT_RUN)
         except KeyboardInterrupt:  # eval prints its own resume command first
             run_dir = ctx.meta.get(RUN_DIR)
             where = f": what was measured is in {run_dir}" if run_dir else ""

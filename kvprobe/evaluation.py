@@ -21,6 +21,7 @@ from rich.markup import escape
 from kvprobe import __version__
 from kvprobe.client import Client
 from kvprobe.config import Config
+from kvprobe.disk import writing
 from kvprobe.errors import EXIT_BROKEN, EXIT_CANNOT_RUN, EXIT_INVALID, EXIT_OK, ConfigError
 from kvprobe.inventory import NOT_TAKEN, Inventory, take_inventories
 from kvprobe.pin import PinCheck, check_pin
@@ -170,11 +171,12 @@ def _write_run_json(run: RunDir, config: Config, probes: list[str], resume: bool
 
 def conclude(run: RunDir, signing_key: SigningKey | None) -> dict[str, Any]:
     """Write verdict.json from what is on disk and sign its exact bytes into verdict.json.sig."""
+    sig = run.path / "verdict.json.sig"
+    with writing(sig):  # first: a stale signature beside a new verdict (a write that failed between) is a lie
+        sig.unlink(missing_ok=True)
     verdict, _ = write_verdict(run)
     if signing_key is not None:
         sign_file(run.path / "verdict.json", signing_key)
-    else:
-        (run.path / "verdict.json.sig").unlink(missing_ok=True)  # a stale signature would not match
     return verdict
 
 

@@ -28,6 +28,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from kvprobe.disk import write_atomic
 from kvprobe.errors import ConfigError, KvprobeError
 
 NAMESPACE = "kvprobe-verdict"
@@ -407,8 +408,4 @@ def load_allowed_signers(path: str | Path | None = None) -> tuple[list[AllowedSi
 
 def sign_file(path: Path, key: SigningKey) -> Path:
     """Sign the exact bytes of `path` into `path.sig` (written atomically)."""
-    target = path.with_name(path.name + ".sig")
-    tmp = target.with_name(f".{target.name}.tmp")
-    tmp.write_text(sign(path.read_bytes(), key.key))
-    os.replace(tmp, target)
-    return target
+    return write_atomic(path.with_name(path.name + ".sig"), sign(path.read_bytes(), key.key).encode())

@@ -5,11 +5,12 @@ Layout of runs/<UTC time>-<id>/:
   events.jsonl           one JSON object per measurement, appended and fsync'ed as it happens
   inventory/<name>.json  per-server facts; inventory/<name>.metrics.txt the raw /metrics
   <probe>.json           each probe's summary, written when the probe finishes
+
+Every write goes through kvprobe.disk: a disk that refuses one is a DiskError naming the file.
 """
 
 from __future__ import annotations
 
-import os
 import secrets
 import threading
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from kvprobe.disk import append_line, write_atomic
 from kvprobe.errors import ConfigError
 
 _DUMP = orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
@@ -63,15 +65,7 @@ class RunDir:
         return self.write_bytes(name, dumps(obj))
 
     def write_bytes(self, name: str, data: bytes) -> Path:
-        target = self.path / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)  # atomic: a reader never sees half a file
-        return target
+        return write_atomic(self.path / name, data)
 
     def write_text(self, name: str, text: str) -> Path:
         return self.write_bytes(name, text.encode())
@@ -88,18 +82,13 @@ class RunDir:
         """Append one measurement to events.jsonl and flush it to disk before returning."""
         record = {"t": utc_now(), "kind": kind, **fields}
         line = orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS) + b"\n"
-        with self._lock, open(self.path / "events.jsonl", "ab+") as fh:
-            if fh.tell() > 0:
-                fh.seek(-1, os.SEEK_END)
-                if fh.read(1) != b"\n":
-                    line = b"\n" + line  # a crash tore the last line: never glue onto it
-            fh.write(line)
-            fh.flush()
-            os.fsync(fh.fileno())
+        with self._lock:
+            append_line(self.path / "events.jsonl", line)
         return record
 
     def events(self, kind: str | None = None, **match: Any) -> Iterator[dict[str, Any]]:
-        """Recorded events, oldest first; a torn last line (crash mid-write) is skipped."""
+        """Recorded events, oldest first; a torn line (a crash mid-write, a disk that filled up before
+        the append was cut back) is skipped."""
         path = self.path / "events.jsonl"
         if not path.exists():
             return

@@ -3,12 +3,19 @@ won't produce on demand: answer health but fail prefill, delay, drop the connect
 
     with FaultProxy("http://127.0.0.1:8101", {"/v1/completions": Fault(status=500, body=...)}) as url:
         ...  # talk to url; everything else is forwarded unchanged
+
+`choose(method, path, body)` picks a fault per request instead (benchmarks/soak.py: random faults
+at a rate); a Fault's `fired` says whether it happened (a cut past the body's end does not).
 """
 
 from __future__ import annotations
 
+import socket
+import struct
+import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -22,12 +29,24 @@ class Fault:
     delay_s: float = 0.0             # wait before answering
     drop: bool = False               # close the connection without answering
     cut_after_bytes: int | None = None  # forward, but stop the body after this many bytes
+    reset: bool = False              # close with a TCP RST (SO_LINGER 0) instead of answering
+    fired: bool = False              # set by the proxy once the fault happened
+
+
+Chooser = Callable[[str, str, bytes], Fault | None]
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: object, client_address: object) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that hung up (timed out) is expected
+            super().handle_error(request, client_address)
 
 
 class FaultProxy:
-    def __init__(self, upstream: str, faults: dict[str, Fault] | None = None):
+    def __init__(self, upstream: str, faults: dict[str, Fault] | None = None, choose: Chooser | None = None):
         self.upstream = upstream.rstrip("/")
         self.faults = dict(faults or {})
+        self.choose = choose
         self.hits: list[str] = []
         self.authorization: list[str | None] = []  # what each request carried, to check keys are sent
         proxy = self
@@ -45,8 +64,17 @@ class FaultProxy:
                 length = int(self.headers.get("content-length") or 0)
                 body = self.rfile.read(length) if length else b""
                 fault = proxy.faults.get(path)
+                if fault is None and proxy.choose is not None:
+                    fault = proxy.choose(self.command, path, body)
+                if fault and (fault.delay_s or fault.drop or fault.reset or fault.status is not None):
+                    fault.fired = True
                 if fault and fault.delay_s:
                     time.sleep(fault.delay_s)
+                if fault and fault.reset:
+                    self.close_connection = True
+                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    self.connection.close()
+                    return
                 if fault and fault.drop:
                     self.close_connection = True
                     self.connection.close()
@@ -72,6 +100,7 @@ class FaultProxy:
                         if fault and fault.cut_after_bytes is not None and sent + len(chunk) > fault.cut_after_bytes:
                             self.wfile.write(chunk[: fault.cut_after_bytes - sent])
                             self.wfile.flush()
+                            fault.fired = True
                             break
                         self.wfile.write(chunk)
                         self.wfile.flush()
@@ -80,7 +109,7 @@ class FaultProxy:
 
             do_GET = do_POST = _handle
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = _Server(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)

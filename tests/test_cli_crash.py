@@ -32,7 +32,8 @@ def _dirs(tmp_path, monkeypatch):
 
 
 def _eval(tmp_path, monkeypatch, exc: BaseException):
-    def boom(*args, **kw):
+    def boom(config, run, *args, **kw):
+        run.write_json("run.json", {})  # as run_eval does first
         raise exc
 
     monkeypatch.setattr(evaluation, "run_eval_sync", boom)

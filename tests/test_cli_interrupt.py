@@ -11,7 +11,8 @@ from kvprobe import cli, evaluation
 
 
 def test_ctrl_c_prints_the_real_resume_command(tmp_path, monkeypatch) -> None:
-    def interrupted(*args, **kw):
+    def interrupted(config, run, *args, **kw):
+        run.write_json("run.json", {})  # as run_eval does first: the run is then resumable
         raise KeyboardInterrupt
 
     monkeypatch.setattr(evaluation, "run_eval_sync", interrupted)

@@ -109,7 +109,10 @@ class _Writer:
 
     async def flush(self) -> None:
         pending, self.pending = self.pending, []
-        await asyncio.gather(*pending)
+        # Every outcome retrieved (a full disk fails them all), the first failure raised.
+        for outcome in await asyncio.gather(*pending, return_exceptions=True):
+            if isinstance(outcome, BaseException):
+                raise outcome
 
 
 async def _reset_prefix_cache(ctx: EvalContext, name: str, notes: dict[str, str]) -> bool:

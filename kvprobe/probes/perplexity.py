@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from kvprobe.disk import is_disk_error
 from kvprobe.errors import ServerError
 from kvprobe.quality.passages import PassagePlan, plan_passage
 from kvprobe.quality.perplexity_stats import DocRow, perplexities, relative_delta
@@ -43,6 +44,8 @@ def is_server_failure(exc: BaseException) -> bool:
     import aiohttp
     import requests
 
+    if is_disk_error(exc):  # our disk, not the server: it stops the run with its own line
+        return False
     if isinstance(exc, ServerError | aiohttp.ClientError | requests.RequestException | TimeoutError | OSError):
         return True
     return isinstance(exc, RuntimeError) and "RemoteTokenizer" in str(exc)

@@ -8,6 +8,7 @@ from pathlib import Path
 from kvprobe.memmap import MemoryMap
 from kvprobe.memmap.shape import NO_KV_KINDS
 from kvprobe.memmap.summary import LABELS
+from kvprobe.report.save import save_png
 
 COLORS = {
     "full_attention": "#4c72b0", "sliding_window": "#64b5cd", "mla": "#8172b2",
@@ -55,7 +56,4 @@ def bytes_chart(mm: MemoryMap, path: str | Path) -> Path:
              fontsize=7, color="#555555")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout(rect=(0, 0.03, 1, 1))
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format="png")
-    return out
+    return save_png(fig, path)

@@ -17,6 +17,8 @@ from matplotlib.colors import BoundaryNorm, ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from kvprobe.report.save import save_png
+
 # Per server: worst first, so a cell holding several cases shows its worst outcome.
 STATUS_STYLE: dict[str, tuple[str, str, str]] = {  # colour, legend, cell label
     "error": ("#525252", "error", "error"),
@@ -77,9 +79,7 @@ def _draw(cells: dict[tuple[int, float], list[str]], lengths: Sequence[int], dep
     ax.legend(handles=[Patch(color=style[k][0], label=style[k][1]) for k in present],
               loc="upper center", bbox_to_anchor=(0.5, -0.18 - 0.02 * len(depths) / 5), ncol=2, fontsize=8,
               frameon=False)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    return path
+    return save_png(fig, path, dpi=110)
 
 
 def status_heatmap(cases: list[dict[str, Any]], server: str, path: Path) -> Path:

@@ -7,6 +7,7 @@ import textwrap
 from pathlib import Path
 
 from kvprobe.memmap import Lever
+from kvprobe.report.save import save_png
 
 
 def lever_chart(lv: Lever, path: str | Path) -> Path:
@@ -45,7 +46,4 @@ def lever_chart(lv: Lever, path: str | Path) -> Path:
     fig.text(0.01, 0.01, f"{note}\nvLLM allocator model, {lv.mm.settings.kv_memory_bytes / 2**30:g} GiB KV memory",
              fontsize=6.5, color="#444444", va="bottom")
     fig.tight_layout(rect=(0, 0.06 + 0.025 * note.count("\n"), 1, 1))
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format="png")
-    return out
+    return save_png(fig, path)

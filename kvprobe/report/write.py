@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvprobe.disk import mkdir
 from kvprobe.report import html, markdown, plots
 from kvprobe.sign import SignatureError, parse_signature
 from kvprobe.store import RunDir
@@ -33,8 +34,7 @@ def signature_info(run: RunDir) -> dict[str, Any] | None:
 
 
 def render_reports(run: RunDir, verdict: dict[str, Any]) -> Rendered:
-    out_dir = run.path / "plots"
-    out_dir.mkdir(exist_ok=True)
+    out_dir = mkdir(run.path / "plots")
     drawn: list[dict[str, Any]] = []
     for key, title, make, absent in (
         ("capacity", "KV cache capacity per server", lambda: plots.capacity_chart(verdict), "no capacity numbers"),
@@ -47,8 +47,7 @@ def render_reports(run: RunDir, verdict: dict[str, Any]) -> Rendered:
         data = make()
         path = None
         if data is not None:
-            path = out_dir / f"{key}.png"
-            path.write_bytes(data)
+            path = run.write_bytes(f"plots/{key}.png", data)
         drawn.append({"key": key, "title": title, "png": data, "path": path, "absent": absent})
     heatmaps = plots.needle_heatmaps(verdict, run, out_dir)
     if isinstance(heatmaps, str):
