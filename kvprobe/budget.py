@@ -52,6 +52,8 @@ class BudgetPlan:
     estimates: dict[str, float] = field(default_factory=dict)
     left_out: list[str] = field(default_factory=list)  # probes the budget cannot hold
     sizes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    source: str = ""
+    scale: float = 1.0  # measured time / modelled time, from the probes done so far
 
     def describe(self) -> str:
         parts = []
@@ -59,14 +61,24 @@ class BudgetPlan:
             size = ", ".join(f"{k} {v}" for k, v in self.sizes.get(probe, {}).items())
             parts.append(f"{probe}" + (f" ({size})" if size else "") + f" ~{self.estimates.get(probe, 0):.0f}s")
         rate = f"{self.rate:,.0f} prompt tokens/s (the slowest first-prefill smoke)" if self.rate else "no smoke speed"
-        text = f"budget {self.seconds:.0f}s from {rate}: " + "; ".join(parts)
+        scaled = f", model x{self.scale:.2f} {self.source}" if self.scale != 1.0 else ""
+        text = f"budget {self.seconds:.0f}s from {rate}{scaled}: " + "; ".join(parts)
         if self.left_out:
             text += f"; left out (no time): {', '.join(self.left_out)}"
         return text
 
     def to_dict(self) -> dict[str, Any]:
-        return {"seconds": self.seconds, "rate": self.rate, "probes": self.probes, "estimates": self.estimates,
-                "left_out": self.left_out, "sizes": self.sizes}
+        return {"seconds": self.seconds, "rate": self.rate, "scale": self.scale, "probes": self.probes,
+                "estimates": self.estimates, "left_out": self.left_out, "sizes": self.sizes}
+
+
+def corrected_scale(plan: BudgetPlan, probe: str, seconds: float) -> float | None:
+    """How far off the model was, from a finished probe's own time: the smoke runs every server at
+    once and cold, so on a shared box it errs slow, and decode speed is only a guess."""
+    estimate = plan.estimates.get(probe)
+    if not estimate or estimate < 1 or seconds <= 0:  # too short to learn from
+        return None
+    return plan.scale * min(max(seconds / estimate, 0.2), 5.0)
 
 
 def smoke_rate(inventories: list[Inventory]) -> float | None:
@@ -95,15 +107,16 @@ def _costs(config: Config, servers: int, rate: float, max_model_len: int) -> dic
 
 
 def plan_budget(config: Config, probes: list[str], inventories: list[Inventory], seconds_left: float,
-                max_model_len: int) -> tuple[Config, BudgetPlan]:
-    """The config resized to what `seconds_left` holds, and the plan that says so."""
+                max_model_len: int, scale: float = 1.0) -> tuple[Config, BudgetPlan]:
+    """The config resized to what `seconds_left` holds, and the plan that says so. `config` holds the
+    most each probe may grow to; `scale` corrects the model once a probe has shown how far off it is."""
     servers = sum(1 for inv in inventories if inv.serving)
     rate = smoke_rate(inventories)
-    plan = BudgetPlan(seconds_left, rate, [p for p in probes if p in ("capacity", "fill")])
+    plan = BudgetPlan(seconds_left, rate, [p for p in probes if p in ("capacity", "fill")], scale=scale)
     if rate is None or servers == 0:
         plan.left_out = [p for p in probes if p not in plan.probes]
         return config, plan
-    cost = _costs(config, servers, rate, max_model_len)
+    cost = {k: v * scale for k, v in _costs(config, servers, rate, max_model_len).items()}
     room = seconds_left * (1 - RESERVE_SHARE) - RESERVE_S
     units = {"perplexity": 1, "agreement": 1, "needle": 2, "load": 2}  # the smallest useful subset
     caps = {"perplexity": config.perplexity.limit or 16, "agreement": 1, "needle": config.needle.count,

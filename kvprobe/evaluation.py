@@ -236,12 +236,13 @@ async def run_eval(
                 f"{inv.name}: KV capacity unknown: {'; '.join(inv.warnings) or 'no cache_config_info'}"
                 for inv in no_capacity], ctx)
         if invs[ref].serving:
-            if deadline is not None:
-                probes = _plan_budget(ctx, probes, inventories, deadline)
+            budget = _Budget(ctx, inventories, deadline) if deadline is not None else None
+            if budget is not None:
+                budget.plan(probes)
             for name in [p for p in PROBE_ORDER if p in probes]:
-                if deadline is None:
+                if budget is None:
                     ctx.results[name] = await table[name](ctx)
-                elif not await _within_budget(ctx, name, table[name], deadline):
+                elif not await budget.run(name, table[name]):
                     continue
                 run.event("probe_done", probe=name)
         else:
@@ -262,38 +263,58 @@ async def run_eval(
         return EvalOutcome(code, messages, ctx)
 
 
-def _plan_budget(ctx: EvalContext, probes: list[str], inventories: list[Inventory], deadline: float) -> list[str]:
-    """Resize ctx.config to the time left, say what will run, and record the plan."""
-    from kvprobe.budget import plan_budget
+class _Budget:
+    """The canary's --budget over one run: plan from the smoke's speed, run each probe until the
+    deadline (less the verdict's few seconds), and re-plan what is left from what the last probe took."""
 
-    lengths = [inv.max_model_len for inv in inventories if inv.serving and inv.max_model_len]
-    left = deadline - time.monotonic()
-    ctx.config, plan = plan_budget(ctx.config, probes, inventories, left, min(lengths, default=8192))
-    ctx.console.print(escape(plan.describe()), highlight=False)
-    ctx.run.event("budget_plan", **plan.to_dict())
-    for probe in plan.left_out:
-        ctx.run.event("budget_cut", probe=probe, started=False)
-    return plan.probes
+    def __init__(self, ctx: EvalContext, inventories: list[Inventory], deadline: float) -> None:
+        lengths = [inv.max_model_len for inv in inventories if inv.serving and inv.max_model_len]
+        self.ctx, self.inventories, self.deadline = ctx, inventories, deadline
+        self.max_model_len = min(lengths, default=8192)
+        self.most = ctx.config  # what each probe may grow to
+        self.current: Any = None
+        self.requested: list[str] = []
 
+    def plan(self, probes: list[str], scale: float = 1.0, source: str | None = None) -> list[str]:
+        from kvprobe.budget import plan_budget
 
-async def _within_budget(ctx: EvalContext, name: str, probe: Callable[[EvalContext], Awaitable[Any]],
-                         deadline: float) -> bool:
-    """Run one probe until the deadline (less the verdict's few seconds); cut it there, cleanly."""
-    from kvprobe.budget import RESERVE_S
+        self.requested = self.requested or list(probes)
+        left = self.deadline - time.monotonic()
+        self.ctx.config, plan = plan_budget(self.most, probes, self.inventories, left, self.max_model_len, scale)
+        if source:
+            plan.source = source
+        self.ctx.console.print(escape(plan.describe()), highlight=False)
+        self.ctx.run.event("budget_plan", **plan.to_dict())
+        for probe in plan.left_out:
+            self.ctx.run.event("budget_cut", probe=probe, started=False)
+        self.current = plan
+        return plan.probes
 
-    left = deadline - time.monotonic() - RESERVE_S
-    if left <= 0:
-        ctx.run.event("budget_cut", probe=name, started=False)
-        ctx.console.print(f"[yellow]budget:[/yellow] {name} not started, the budget is spent", highlight=False)
-        return False
-    try:
-        ctx.results[name] = await asyncio.wait_for(probe(ctx), left)
-    except TimeoutError:
-        ctx.run.event("budget_cut", probe=name, started=True)
-        ctx.console.print(f"[yellow]budget:[/yellow] {name} cut at the budget; what it measured is in "
-                          "events.jsonl, the verdict counts it as not measured", highlight=False)
-        return False
-    return True
+    async def run(self, name: str, probe: Callable[[EvalContext], Awaitable[Any]]) -> bool:
+        from kvprobe.budget import RESERVE_S, corrected_scale
+
+        if name not in self.current.probes:  # a re-plan left it out
+            return False
+        left = self.deadline - time.monotonic() - RESERVE_S
+        if left <= 0:
+            self.ctx.run.event("budget_cut", probe=name, started=False)
+            self.ctx.console.print(f"[yellow]budget:[/yellow] {name} not started, the budget is spent",
+                                   highlight=False)
+            return False
+        t0 = time.monotonic()
+        try:
+            self.ctx.results[name] = await asyncio.wait_for(probe(self.ctx), left)
+        except TimeoutError:
+            self.ctx.run.event("budget_cut", probe=name, started=True)
+            self.ctx.console.print(f"[yellow]budget:[/yellow] {name} cut at the budget; what it measured is in "
+                                   "events.jsonl, the verdict counts it as not measured", highlight=False)
+            return False
+        scale = corrected_scale(self.current, name, time.monotonic() - t0)
+        # What was asked and comes later, including what an earlier plan had no time for.
+        later = [p for p in PROBE_ORDER if p in self.requested and PROBE_ORDER.index(p) > PROBE_ORDER.index(name)]
+        if scale and name in ("perplexity", "needle") and later:
+            self.plan(later, scale, f"(re-planned from what {name} took)")
+        return True
 
 
 def run_eval_sync(*args: Any, **kw: Any) -> EvalOutcome:

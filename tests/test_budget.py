@@ -59,3 +59,16 @@ def test_the_resized_config_is_what_the_probes_get() -> None:
     assert config.perplexity.limit == plan.sizes["perplexity"]["passages"]
     assert config.needle.count == plan.sizes["needle"]["needles"]
     assert config.load.requests_per_case == plan.sizes["load"]["requests per case"]
+
+
+def test_a_finished_probe_corrects_the_model_within_bounds() -> None:
+    from kvprobe.budget import corrected_scale
+
+    _, plan = plan_budget(CONFIG, PROBES, inventories(1000, 1000), 300, 8192)
+    est = plan.estimates["perplexity"]
+    assert corrected_scale(plan, "perplexity", est / 2) == pytest.approx(0.5)
+    assert corrected_scale(plan, "perplexity", est * 100) == 5.0  # one slow probe does not stop the rest
+    assert corrected_scale(plan, "capacity", 3.0) is None  # nothing modelled, nothing learnt
+    _, rescaled = plan_budget(CONFIG, PROBES, inventories(1000, 1000), 300, 8192, scale=0.5)
+    assert rescaled.sizes["needle"]["needles"] > plan.sizes["needle"]["needles"]
+    assert "model x0.50" in rescaled.describe()
