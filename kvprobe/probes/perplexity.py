@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 from collections import defaultdict
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -47,6 +48,9 @@ def is_server_failure(exc: BaseException) -> bool:
     if is_disk_error(exc):  # our disk, not the server: it stops the run with its own line
         return False
     if isinstance(exc, ServerError | aiohttp.ClientError | requests.RequestException | TimeoutError | OSError):
+        return True
+    # lm-eval reads a 200's body with the stdlib json: a body that is not JSON is the server's fault.
+    if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError):
         return True
     return isinstance(exc, RuntimeError) and "RemoteTokenizer" in str(exc)
 

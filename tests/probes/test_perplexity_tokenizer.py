@@ -181,3 +181,16 @@ async def test_tokenize_failing_during_the_check_marks_that_server_broken(tmp_pa
     ppl = run.read_json("perplexity.json")
     assert ppl["servers"]["fp8"]["outcome"] is None and ppl["servers"]["auto"]["bits_per_byte"] > 0
     assert set(ppl["tokenizers"]) == {"auto"}
+
+
+def test_a_body_that_is_not_json_is_the_servers_failure() -> None:
+    import json
+
+    from kvprobe.probes.perplexity import is_server_failure
+
+    # lm-eval parses a 200's body with the stdlib json: "<html>" or a truncated body is not a kvprobe bug.
+    try:
+        json.loads("<html>gateway</html>")
+    except json.JSONDecodeError as exc:
+        assert is_server_failure(exc)
+    assert not is_server_failure(KeyError("choices"))  # a bug stays a bug (exit 70)
