@@ -66,3 +66,28 @@ def test_the_ci_step_against_the_demo_servers(vllm_servers, tmp_path: Path) -> N
             assert failed and any(r.type == "fail" for r in failed.values())
     summary = (tmp_path / "summary.md").read_text()
     assert summary.startswith("## kvprobe: keep auto") and "exit code 1" in summary
+
+
+def test_the_gitlab_job_script_against_the_demo_servers(vllm_servers, tmp_path: Path) -> None:
+    doc = yaml.safe_load((STEP.parent / "gitlab-ci.yml").read_text())
+    job = doc["kvprobe-canary"]
+    # The install line is the runner's business; every other line runs as GitLab runs them: in order,
+    # stopping at the first that exits non-zero.
+    lines = [line for line in job["script"] if "pip install" not in line]
+    servers = tmp_path / "staging-servers.toml"
+    servers.write_text("".join(f'[[server]]\nname = "{s["name"]}"\nurl = "{s["url"]}"\nrole = "{s["role"]}"\n\n'
+                               for s in trio(vllm_servers)))
+    env = {**{k: str(v) for k, v in job["variables"].items()}, "KVPROBE_SERVERS": str(servers),
+           "KVPROBE_OUT": str(tmp_path / "run"), "KVPROBE_JUNIT": str(tmp_path / "junit.xml"),
+           "KVPROBE_SUMMARY": str(tmp_path / "summary.md"), "KVPROBE_BUDGET": "60s"}
+    path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+    done = subprocess.run(["bash", "-ec", "\n".join(lines)], env={**os.environ, **env, "PATH": path},
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stderr[-2000:]  # the job fails with kvprobe's own code
+    xml = JUnitXml.fromfile(str(tmp_path / "junit.xml"))
+    assert xml.failures >= 1 and {s.name for s in xml} >= {f"kvprobe.{s['name']}" for s in trio(vllm_servers)
+                                                           if s["role"] == "candidate"}
+    assert (tmp_path / "summary.md").read_text().startswith("## kvprobe: keep auto")
+    # What the job keeps as artifacts: the run directory with the signed verdict, and the summary.
+    assert job["artifacts"]["paths"] == ["kvprobe-run/", "kvprobe-summary.md"]
+    assert (tmp_path / "run" / "verdict.json").exists() and (tmp_path / "run" / "verdict.json.sig").exists()
