@@ -78,6 +78,9 @@ class PerplexitySettings(_Strict):
     reference_repeats: int = Field(2, ge=2, description="reference runs, for the noise floor")
     bootstrap_resamples: int = Field(2000, ge=100)
     seed: int = 0
+    passages: str | None = Field(None, description="your own passages: a JSONL file, one {\"text\": ...} per "
+                                 "line (relative to servers.toml); scored instead of the shipped task")
+    include_path: str | None = Field(None, description="your own lm-eval task folder; `task` names the task in it")
     delta_unit: Literal["byte", "word", "token"] = Field(
         "byte", description="which perplexity the delta and the bar are on (byte: the unit of bits_per_byte)")
 
@@ -298,4 +301,15 @@ def load_config(path: str | Path) -> Config:
     # Paths inside servers.toml are relative to the file, not to wherever kvprobe was started.
     if isinstance(data.get("model_config"), str) and not Path(data["model_config"]).is_absolute():
         data["model_config"] = str(path.parent / data["model_config"])
-    return parse_config(data, str(path))
+    ppl = data.get("perplexity")
+    for key in ("passages", "include_path"):
+        if isinstance(ppl, dict) and isinstance(ppl.get(key), str) and not Path(ppl[key]).is_absolute():
+            ppl[key] = str(path.parent / ppl[key])
+    config = parse_config(data, str(path))
+    if config.perplexity.passages:  # before any server is asked anything
+        from kvprobe.quality.own_data import check_passages
+
+        check_passages(Path(config.perplexity.passages), f"{path}: perplexity.passages")
+    if config.perplexity.include_path and not Path(config.perplexity.include_path).is_dir():
+        raise ConfigError([f"{path}: perplexity.include_path {config.perplexity.include_path}: not a folder"])
+    return config

@@ -24,6 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from kvprobe.errors import ConfigError, ServerError
 from kvprobe.probes.perplexity import is_server_failure, one_line, ordered_active, targets_for, tokenized_passages
 from kvprobe.quality.divergence import Comparison, TopK, compare, parse_prompt_logprobs
+from kvprobe.quality.own_data import task_source
 from kvprobe.quality.passages import split_ids
 from kvprobe.stats import Interval, bar_outcome, paired_bootstrap
 
@@ -128,8 +129,8 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
     if ref not in targets:
         ctx.run.write_json("agreement.json", {})
         return {}
-    tokenized = await tokenized_passages(ctx, "agreement", targets[ref], ctx.config.perplexity.task,
-                                         settings.passages)
+    task, tasks_dir = task_source(ctx.config.perplexity)
+    tokenized = await tokenized_passages(ctx, "agreement", targets[ref], task, settings.passages, tasks_dir)
     if tokenized is None:
         ctx.run.write_json("agreement.json", {})
         return {}

@@ -18,6 +18,7 @@ import hashlib
 import json
 from collections import defaultdict
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -25,6 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from kvprobe.disk import is_disk_error
 from kvprobe.errors import ServerError
+from kvprobe.quality.own_data import task_source
 from kvprobe.quality.passages import PassagePlan, plan_passage
 from kvprobe.quality.perplexity_stats import DocRow, perplexities, relative_delta
 from kvprobe.stats import Interval, bar_outcome
@@ -60,14 +62,14 @@ def one_line(exc: BaseException) -> str:
     return text[:300]
 
 
-async def tokenized_passages(ctx: EvalContext, probe: str, target: Target, task: str,
-                             limit: int | None) -> tuple[list[Any], int | None, list[list[int]]] | None:
+async def tokenized_passages(ctx: EvalContext, probe: str, target: Target, task: str, limit: int | None,
+                             tasks_dir: Path) -> tuple[list[Any], int | None, list[list[int]]] | None:
     """The task's passages and their token ids from the reference's tokenizer (the same ids go to
     every server); None, with the reference marked broken, when the server failed to tokenize."""
     from kvprobe.quality import lmeval
 
     with lmeval.quiet():
-        passages = await asyncio.to_thread(lmeval.task_passages, task, limit)
+        passages = await asyncio.to_thread(lmeval.task_passages, task, limit, tasks_dir)
         try:
             prefix, ids = await asyncio.to_thread(lmeval.tokenize, target, passages)
         except Exception as exc:
@@ -178,7 +180,8 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
         ctx.run.write_json("perplexity.json", summary)
         return summary
 
-    tokenized = await tokenized_passages(ctx, "perplexity", targets[ref], settings.task, settings.limit)
+    task, tasks_dir = task_source(settings)
+    tokenized = await tokenized_passages(ctx, "perplexity", targets[ref], task, settings.limit, tasks_dir)
     if tokenized is None:
         summary = {"reference": ref, "servers": {}, "error": f"reference {ref}: {ctx.broken[ref]}"}
         ctx.run.write_json("perplexity.json", summary)
@@ -187,9 +190,9 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
     targets = {n: replace(t, prefix_token_id=prefix) for n, t in targets.items()}
     plans = [plan_passage(p.index, p.id, p.text, len(toks), max_length, settings.prefill_chunk_tokens)
              for p, toks in zip(passages, ids, strict=True)]
-    key = settings_key(settings.task, settings.limit, max_length, prefix, lmeval.passages_digest(passages))
+    key = settings_key(task, settings.limit, max_length, prefix, lmeval.passages_digest(passages))
     if not any(True for _ in ctx.run.events("perplexity_plan", key=key)):
-        ctx.run.event("perplexity_plan", key=key, task=settings.task, limit=settings.limit, max_length=max_length,
+        ctx.run.event("perplexity_plan", key=key, task=task, limit=settings.limit, max_length=max_length,
                       prefix_token_id=prefix, prefill_chunk_tokens=settings.prefill_chunk_tokens,
                       passages=[p.to_dict() for p in plans])
     windowed = [p for p in plans if len(p.windows) > 1]
@@ -229,8 +232,8 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
                 progress.update(task_id, completed=done, total=total)
 
             try:
-                result = await asyncio.to_thread(lmeval.evaluate, targets[name], settings.task, settings.limit,
-                                                 on_window)
+                result = await asyncio.to_thread(lmeval.evaluate, targets[name], task, settings.limit,
+                                                 on_window, tasks_dir)
             except Exception as exc:
                 if not is_server_failure(exc):
                     raise
@@ -253,7 +256,8 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
         await asyncio.gather(*(server_job(n) for n in names))
 
     summary = summarise(ref, names, rows, plans, settings, bar, ctx.broken)
-    summary.update(task=settings.task, limit=settings.limit, max_length=max_length, prefix_token_id=prefix,
+    summary.update(task=task, passages_file=settings.passages, limit=settings.limit, max_length=max_length,
+                   prefix_token_id=prefix,
                    prefill_chunk_tokens=settings.prefill_chunk_tokens,
                    tokenizers={n: t.tokenizer.describe() for n, t in targets.items()})
     for name in summary["servers"]:

@@ -12,5 +12,6 @@ PASSAGES = Path(__file__).with_name("passages.jsonl")
 def load(**_: Any) -> dict[str, Any]:
     import datasets
 
+    # The same loader serves an operator's own passages: kvprobe copies it next to their file.
     rows = [json.loads(line) for line in PASSAGES.read_text().splitlines() if line.strip()]
     return {"test": datasets.Dataset.from_list(rows)}
