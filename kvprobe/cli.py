@@ -338,8 +338,9 @@ def _demo_hybrid(out: Path | None, probes: str | None, key: Path | None) -> None
     from kvprobe.servers import LaunchError
     from kvprobe.servers.hybrid_bed import comparisons
 
-    chosen = list(comparisons().values())
-    if len(chosen) < 3:
+    available = comparisons()
+    chosen = list(available.values())
+    if "kv" not in available:
         err_console.print("  [yellow]left out:[/yellow] fp8 KV next to auto (fp8 KV does not start on this CPU)",
                           highlight=False)
     results: list[tuple[str, str, int]] = []

@@ -9,23 +9,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kvprobe.knob import DEFAULT as DEFAULT_KNOB
 from kvprobe.servers.hybrid_bed import Comparison
-from kvprobe.servers.launcher import NEEDLE_HYBRID, PROJECT_ROOT, LaunchError, LocalServer, home, start_each, stop
+from kvprobe.servers.launcher import NEEDLE_HYBRID, PROJECT_ROOT, LocalServer, home, start_many, stop
 
 TEMPLATE = PROJECT_ROOT / "demo" / "hybrid.toml"
 
 
 def start_comparison(c: Comparison) -> list[LocalServer]:
-    """The comparison's servers (reused when already running); raises the first LaunchError."""
-    specs = [c.reference, *c.candidates.values()]
-    results = start_each(specs)
-    failed = [r for r in results if isinstance(r, LaunchError)]
-    if failed:
-        for r in results:
-            if isinstance(r, LocalServer):
-                r.stop()
-        raise failed[0]
-    return [r for r in results if isinstance(r, LocalServer)]
+    """The comparison's servers (reused when already running), all or none."""
+    return start_many([c.reference, *c.candidates.values()])
 
 
 def stop_unneeded(done: Comparison, following: Comparison | None) -> None:
@@ -38,7 +31,7 @@ def stop_unneeded(done: Comparison, following: Comparison | None) -> None:
 
 
 def reference_name(c: Comparison) -> str:
-    if c.knob == "kv_cache_dtype":
+    if c.knob == DEFAULT_KNOB:
         return c.reference.kv_cache_dtype
     return f"ssm_{c.reference.mamba_ssm_cache_dtype or 'float32'}"  # NemotronH's own SSM state dtype
 

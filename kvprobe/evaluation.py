@@ -236,7 +236,7 @@ async def run_eval(
                 f"{inv.name}: KV capacity unknown: {'; '.join(inv.warnings) or 'no cache_config_info'}"
                 for inv in no_capacity], ctx)
         if invs[ref].serving:
-            budget = _Budget(ctx, inventories, deadline) if deadline is not None else None
+            budget = _Budget(ctx, inventories, deadline, probes) if deadline is not None else None
             if budget is not None:
                 budget.plan(probes)
             for name in [p for p in PROBE_ORDER if p in probes]:
@@ -267,18 +267,17 @@ class _Budget:
     """The canary's --budget over one run: plan from the smoke's speed, run each probe until the
     deadline (less the verdict's few seconds), and re-plan what is left from what the last probe took."""
 
-    def __init__(self, ctx: EvalContext, inventories: list[Inventory], deadline: float) -> None:
+    def __init__(self, ctx: EvalContext, inventories: list[Inventory], deadline: float, requested: list[str]) -> None:
         lengths = [inv.max_model_len for inv in inventories if inv.serving and inv.max_model_len]
         self.ctx, self.inventories, self.deadline = ctx, inventories, deadline
         self.max_model_len = min(lengths, default=8192)
         self.most = ctx.config  # what each probe may grow to
         self.current: Any = None
-        self.requested: list[str] = []
+        self.requested = list(requested)
 
-    def plan(self, probes: list[str], scale: float = 1.0, source: str | None = None) -> list[str]:
+    def plan(self, probes: list[str], scale: float = 1.0, source: str | None = None) -> None:
         from kvprobe.budget import plan_budget
 
-        self.requested = self.requested or list(probes)
         left = self.deadline - time.monotonic()
         self.ctx.config, plan = plan_budget(self.most, probes, self.inventories, left, self.max_model_len, scale)
         if source:
@@ -288,7 +287,6 @@ class _Budget:
         for probe in plan.left_out:
             self.ctx.run.event("budget_cut", probe=probe, started=False)
         self.current = plan
-        return plan.probes
 
     async def run(self, name: str, probe: Callable[[EvalContext], Awaitable[Any]]) -> bool:
         from kvprobe.budget import RESERVE_S, corrected_scale

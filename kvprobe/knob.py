@@ -7,8 +7,6 @@ what was measured.
 
 from __future__ import annotations
 
-from typing import Any
-
 DEFAULT = "kv_cache_dtype"
 
 # The knobs kvprobe knows by their vLLM flag name, and the cache_config_info label that carries each.
@@ -50,8 +48,3 @@ def flag(knob: str) -> str:
     """How an operator sets it: the vLLM flag when known, else the label's name."""
     return FLAGS.get(label_of(knob), knob)
 
-
-def describe(knob: str, values: dict[str, Any]) -> str:
-    """`mamba_ssm_cache_dtype (auto=float32, ssm16=float16)`: the knob and each server's value."""
-    shown = ", ".join(f"{name}={'?' if value is None else value}" for name, value in values.items())
-    return f"{knob} ({shown})" if values else knob

@@ -110,10 +110,10 @@ def _facts(inv: Inventory, free: frozenset[str]) -> dict[str, Any]:
     }
     if (build := _fingerprint_build(inv.system_fingerprint)) is not None:
         facts["fingerprint"] = build
-    for label, value in (inv.cache_config or {}).items():
+    labels = inv.cache_config or {}
+    for label, value in labels.items():
         if label not in free:
             facts[f"cache_config.{label}"] = value
-    labels = inv.cache_config or {}
     for key, value in (inv.server_info or {}).items():
         # A cache setting /metrics already shows is compared there: one difference, named once.
         if key.startswith("vllm_config.cache_config.") and key.rpartition(".")[2] in labels:

@@ -30,6 +30,7 @@ from kvprobe import __version__
 from kvprobe.config import Bars
 from kvprobe.errors import EXIT_BAR_FAILED, EXIT_BROKEN, EXIT_INVALID, EXIT_OK
 from kvprobe.evidence import gather
+from kvprobe.knob import DEFAULT as DEFAULT_KNOB
 from kvprobe.load.stats import P99_KEYS
 from kvprobe.stats import Interval, bar_outcome, loss_interval, paired_bootstrap, ratio_interval
 from kvprobe.store import RunDir, dumps
@@ -316,7 +317,7 @@ def _decide_candidate(inputs: dict[str, Any], cand: str, bars: Bars) -> dict[str
     ratio = tokens / ref_tokens if tokens is not None and ref_tokens else None
     base = {"kv_cache_tokens": tokens, "capacity_ratio": ratio, "checks": []}
     if differences:
-        knob = pin.get("knob") or "kv_cache_dtype"
+        knob = pin.get("knob") or DEFAULT_KNOB
         return base | {"decision": "invalid",
                        "reasons": [f"servers differ in more than the knob under test ({knob}): " + d["text"]
                                    for d in differences]}

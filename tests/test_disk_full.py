@@ -36,16 +36,7 @@ needle_recall_drop_max = 0.0
 count = 6
 lengths = [600, 1500]
 depths = [0.0, 0.5, 1.0]
-
-[[server]]
-name = "auto"
-url = "http://127.0.0.1:8101"
-role = "reference"
-
-[[server]]
-name = "fp8"
-url = "http://127.0.0.1:8102"
-
+""" + SERVERS_TOML + """
 [[server]]
 name = "int8"
 url = "http://127.0.0.1:8103"

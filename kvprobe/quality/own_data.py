@@ -48,10 +48,10 @@ def check_passages(path: Path, where: str = "perplexity.passages") -> int:
     return count
 
 
-def task_source(settings: PerplexitySettings, home: Path | None = None) -> tuple[str, Path]:
+def task_source(settings: PerplexitySettings) -> tuple[str, Path]:
     """(lm-eval task name, folder it is in) for these settings."""
     if settings.passages:
-        return OWN_TASK, own_task_dir(Path(settings.passages), home)
+        return OWN_TASK, own_task_dir(Path(settings.passages))
     if settings.include_path:
         return settings.task, Path(settings.include_path)
     return settings.task, TASKS_DIR

@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import Any
 from xml.etree import ElementTree as ET
 
+from kvprobe.report.tables import knob_of
+
 
 def _case(suite: ET.Element, classname: str, name: str, failure: tuple[str, str] | None) -> None:
     case = ET.SubElement(suite, "testcase", {"classname": classname, "name": name})
@@ -81,7 +83,7 @@ def junit_xml(v: dict[str, Any], notes: list[str] | None = None) -> bytes:
     suites = [("kvprobe", {}, [("run", ("run_note", note)) for note in notes])] if notes else []
     for name, d in v["decisions"].items():
         properties = {"decision": d.get("decision"), "reference": v.get("reference"),
-                      "knob": (v.get("pin") or {}).get("knob") or "kv_cache_dtype",
+                      "knob": knob_of(v),
                       "capacity_ratio": d.get("capacity_ratio"), "run": (v.get("run") or {}).get("id")}
         suites.append((f"kvprobe.{name}", properties, _candidate_cases(v, name)))
     return _document(suites)

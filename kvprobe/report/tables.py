@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from kvprobe.knob import DEFAULT as DEFAULT_KNOB
 from kvprobe.report.platform_text import recorded_platform_text
 from kvprobe.verdict import natural_order, pct, runs_by_case  # the grouping and wording the decisions use
 
@@ -36,13 +37,13 @@ def interval(iv: list[float] | None, fmt: Any = pct) -> str:
 
 
 def knob_of(v: dict[str, Any]) -> str:
-    return (v.get("pin") or {}).get("knob") or "kv_cache_dtype"
+    return (v.get("pin") or {}).get("knob") or DEFAULT_KNOB
 
 
 def knob_header(v: dict[str, Any]) -> str:
     """The column that shows what differs: the KV dtype by default, else the declared knob by name."""
     knob = knob_of(v)
-    return "cache dtype" if knob == "kv_cache_dtype" else knob
+    return "cache dtype" if knob == DEFAULT_KNOB else knob
 
 
 def knob_value(v: dict[str, Any], name: str) -> str:
