@@ -25,6 +25,8 @@ import contextlib
 import heapq
 import json
 import selectors
+import socket
+import struct
 import time
 from dataclasses import dataclass, field
 
@@ -198,21 +200,62 @@ class Engine:
                 "lateness_max_s": lat[-1] if n else None}
 
 
+_TIMESPEC = struct.Struct("@qq")
+_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+
+
+class _StampedSocket:
+    """The transport's socket, read with recvmsg so that each read keeps the kernel's arrival stamp
+    of the request (the time it reached this host, not when this busy loop read it): the request's
+    arrival is then what the server really did, and its own read lag is not counted as the client's.
+    A benchmark-only shim over asyncio's transport (which reads with sock.recv)."""
+
+    def __init__(self, sock: socket.socket):
+        self._sock = sock
+        self.stamp_ns: int | None = None
+        sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+
+    def recv(self, size: int) -> bytes:
+        data, ancillary, _, _ = self._sock.recvmsg(size, socket.CMSG_SPACE(_TIMESPEC.size))
+        for level, kind, raw in ancillary:
+            if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS:
+                sec, nsec = _TIMESPEC.unpack_from(raw)
+                self.stamp_ns = sec * 1_000_000_000 + nsec
+        return data
+
+    def __getattr__(self, name: str):
+        return getattr(self._sock, name)
+
+
+def _perf_from_realtime(realtime_ns: int) -> float:
+    a = time.perf_counter_ns()
+    real = time.clock_gettime_ns(time.CLOCK_REALTIME)
+    b = time.perf_counter_ns()
+    return (realtime_ns - (real - (a + b) // 2)) / 1e9
+
+
 class Protocol(asyncio.Protocol):
     def __init__(self, engine: Engine):
         self.engine = engine
         self.transport: asyncio.Transport | None = None
         self.buf = b""
         self.busy = False
+        self.stamped: _StampedSocket | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        raw = getattr(transport, "_sock", None)
+        if isinstance(raw, socket.socket) and (self.engine.ttft or self.engine.itl):
+            self.stamped = _StampedSocket(raw)
+            transport._sock = self.stamped  # type: ignore[attr-defined]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
 
     def data_received(self, data: bytes) -> None:
         t = time.perf_counter()
+        if self.stamped is not None and self.stamped.stamp_ns is not None:
+            t = min(t, _perf_from_realtime(self.stamped.stamp_ns))
         self.buf += data
         self._next(t)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -123,6 +124,24 @@ def _sum_label(engines: list[dict[str, str]], name: str, *, minimum: float, inte
     """The label summed over engines (each has its own pool); None when any engine lacks it."""
     values = [_label(labels, name, minimum=minimum, integer=integer, engine=len(engines) > 1) for labels in engines]
     return None if not values or None in values else sum(values)
+
+
+def only_families(text: str, names: Iterable[str]) -> str:
+    """The lines of these metric families (and their aliases' old names), for a scrape that needs only
+    a few gauges and counters: vLLM's histograms are most of the text, and parsing all of it took
+    9 ms here, on the event loop, twice a second during every load case."""
+    wanted = set(names)
+    wanted |= {old for old, new in ALIASES.items() if new in wanted}
+    prefixes = tuple(sorted(wanted))
+    keep = []
+    for line in text.splitlines():
+        bare = line[7:] if line.startswith(("# HELP ", "# TYPE ")) else line
+        if bare.startswith(prefixes):
+            end = len(bare.split("{", 1)[0].split(" ", 1)[0])
+            name = bare[:end]
+            if name in wanted or name.removesuffix("_total") in wanted or f"{name}_total" in wanted:
+                keep.append(line)
+    return "\n".join(keep) + "\n"
 
 
 def parse_metrics(text: str) -> MetricsSnapshot:

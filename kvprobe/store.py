@@ -81,10 +81,21 @@ class RunDir:
     def event(self, kind: str, **fields: Any) -> dict[str, Any]:
         """Append one measurement to events.jsonl and flush it to disk before returning."""
         record = {"t": utc_now(), "kind": kind, **fields}
-        line = orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS) + b"\n"
-        with self._lock:
-            append_line(self.path / "events.jsonl", line)
+        self._append([record])
         return record
+
+    def event_many(self, kind: str, records: list[dict[str, Any]]) -> None:
+        """Append many events with one write and one fsync: all of them, or none on a refused write."""
+        stamp = utc_now()
+        self._append([{"t": stamp, "kind": kind, **r} for r in records])
+
+    def _append(self, records: list[dict[str, Any]]) -> None:
+        if not records:
+            return
+        opts = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+        data = b"".join(orjson.dumps(r, option=opts) + b"\n" for r in records)
+        with self._lock:
+            append_line(self.path / "events.jsonl", data)
 
     def events(self, kind: str | None = None, **match: Any) -> Iterator[dict[str, Any]]:
         """Recorded events, oldest first; a torn line (a crash mid-write, a disk that filled up before

@@ -8,6 +8,7 @@ import asyncio
 from replay import capture
 
 from kvprobe.client import Client
+from kvprobe.streaming import StreamPool
 
 R1 = "reasoning-deepseek_r1-8104"
 
@@ -98,3 +99,19 @@ async def test_a_keep_alive_connection_the_server_closed_is_replaced() -> None:
         await asyncio.sleep(0.05)
         second = await client.stream_chat({"messages": []})
     assert first.ok and second.ok and srv.connections == 2
+
+
+async def test_a_load_case_raises_the_pool_to_its_agents() -> None:
+    """512 connections by default: a case of more agents would queue turns in the client and count
+    the wait as TTFT (measured: 10 s TTFT 'error' at 1000 streams before this)."""
+    pool = StreamPool("http://127.0.0.1:1", {}, max_connections=2, timeout_s=1.0)
+    sem = pool._bind_loop()
+    for _ in range(2):
+        await sem.acquire()
+    assert sem.locked()
+    pool.allow(1)  # never lowers it
+    assert sem.locked() and pool.max_connections == 2
+    pool.allow(4)
+    for _ in range(2):
+        await asyncio.wait_for(sem.acquire(), 0.1)
+    assert sem.locked() and pool.max_connections == 4

@@ -4,6 +4,11 @@ finished) or open loop (Poisson arrivals at a fixed rate); every finished reques
 A failed request with a 5xx or no answer triggers one /health check; if the server does not answer
 it, the case stops at once (in-flight requests are abandoned) and reports the server dead with the
 request's error, so the caller can mark it broken and keep what finished.
+
+A runner can drive one shard of a case (kvprobe.load.processes): the agents whose number is its
+shard modulo the shard count. The closed loop's request budget is split by agents; the open loop
+walks the whole case's arrival schedule and sends only its own agents' turns, so the schedule is
+the same whatever the shard count.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import numpy as np
 from kvprobe.client import Client, Generation
 from kvprobe.config import LoadSettings
 from kvprobe.errors import KvprobeError
+from kvprobe.load.client_load import ClientLoad, watching
 from kvprobe.load.stats import request_row
 from kvprobe.load.workload import Conversation, Shape, TextSource, conversation, request_body
 
@@ -41,6 +47,16 @@ def quiet_gc(young_threshold: int = 10_000) -> Iterator[None]:
         gc.unfreeze()
 
 
+def split(budget: int, agents: int, shards: int) -> list[int]:
+    """A closed loop's request budget per shard, in proportion to each shard's agents."""
+    owned = [len(range(k, agents, shards)) for k in range(shards)]
+    out = [budget * n // agents for n in owned]
+    # largest remainders first (ties: the shard with more agents, then the lower number)
+    for k in sorted(range(shards), key=lambda k: (-(budget * owned[k] % agents), -owned[k], k))[:budget - sum(out)]:
+        out[k] += 1
+    return out
+
+
 @dataclass
 class CaseOutcome:
     rows: list[dict[str, Any]] = field(default_factory=list)
@@ -58,7 +74,8 @@ class CaseOutcome:
 class CaseRunner:
     def __init__(self, client: Client, settings: LoadSettings, shape: Shape, agents: int, nonce: str,
                  source: TextSource, overrides: dict[str, Any] | None = None,
-                 on_row: Callable[[dict[str, Any]], None] | None = None):
+                 on_row: Callable[[dict[str, Any]], None] | None = None, shard: tuple[int, int] = (0, 1),
+                 row_hook: Callable[[Generation, dict[str, Any]], None] | None = None):
         self.client = client
         self.settings = settings
         self.shape = shape
@@ -67,12 +84,18 @@ class CaseRunner:
         self.source = source
         self.overrides = overrides or {}
         self.on_row = on_row
+        self.row_hook = row_hook
         self.out = CaseOutcome()
         self._stop = asyncio.Event()
         self._claimed = 0
         self._health_lock = asyncio.Lock()
         self._deadline: float | None = None
         self._convs: dict[tuple[int, int], Conversation] = {}
+        self.shard, self.shards = shard
+        self.owned = [a for a in range(agents) if a % self.shards == self.shard]
+        self._budget = settings.requests_per_case
+        if self._budget is not None and settings.mode == "closed" and self.shards > 1:
+            self._budget = split(self._budget, agents, self.shards)[self.shard]
 
     # -- one request ------------------------------------------------------------------------
 
@@ -87,6 +110,8 @@ class CaseRunner:
         gen = await self.client.stream_chat(body)
         row = request_row(gen, self.out.t_start, self.client.name)
         row |= {"agent": agent, "conversation": index, "turn": turn}
+        if self.row_hook is not None:
+            self.row_hook(gen, row)
         if self._stop.is_set() and self.out.dead:
             return  # the server died meanwhile: this request belongs to the dead case, not a measurement
         self.out.rows.append(row)
@@ -113,7 +138,7 @@ class CaseRunner:
             return False
         if self._deadline is not None and time.perf_counter() >= self._deadline:
             return False
-        budget = self.settings.requests_per_case
+        budget = self._budget
         if budget is not None and self._claimed >= budget:
             return False
         self._claimed += 1
@@ -162,24 +187,54 @@ class CaseRunner:
                         await asyncio.wait_for(self._stop.wait(), delay)
                 if not self._claim():
                     break
-                tasks.append(asyncio.create_task(self._send(agent, index, turn)))
+                if agent % self.shards == self.shard:
+                    tasks.append(asyncio.create_task(self._send(agent, index, turn)))
             await asyncio.gather(*tasks)
         finally:
             for task in tasks:
                 task.cancel()
 
-    async def run(self) -> CaseOutcome:
-        with quiet_gc():
-            return await self._run()
+    def stop(self) -> None:
+        """End the case now (another shard's server died); in-flight requests are abandoned."""
+        self._stop.set()
 
-    async def _run(self) -> CaseOutcome:
-        self.out.t_start = time.perf_counter()
+    async def run(self, start_at: float | None = None, load: ClientLoad | None = None) -> CaseOutcome:
+        """`start_at`: a time.perf_counter() value to start at, shared by every shard of a case (one
+        host, one clock). `load` is watched from once the collector is quiet, right before the first
+        request (the client's own load is measured over the requests, not the collection before them)."""
+        with quiet_gc():
+            if load is None:
+                return await self._run(start_at)
+            async with watching(load):
+                return await self._run(start_at)
+
+    async def run_measured(self, start_at: float | None = None) -> tuple[CaseOutcome, dict[str, Any]]:
+        """The case and the client's own figures over it (kvprobe.load.client_load): loop lag, CPU,
+        and each kernel-stamped read's lag from the stream pool."""
+        pool = self.client.stream_pool
+        load = ClientLoad(pool.stamps if pool is not None else "loop")
+        if pool is not None:
+            pool.lag = load.on_read
+        try:
+            outcome = await self.run(start_at, load)
+        finally:
+            if pool is not None:
+                pool.lag = None
+        return outcome, load.summary()
+
+    async def _run(self, start_at: float | None = None) -> CaseOutcome:
+        if start_at is not None:
+            await asyncio.sleep(max(0.0, start_at - time.perf_counter()))
+        pool = self.client.stream_pool
+        if pool is not None:  # closed: one request per agent at a time; open: arrivals can pile up
+            pool.allow(len(self.owned) * (1 if self.settings.mode == "closed" else 4))
+        self.out.t_start = start_at if start_at is not None else time.perf_counter()
         if self.settings.duration_s is not None:
             self._deadline = self.out.t_start + self.settings.duration_s
         if self.settings.mode == "open":
             work = asyncio.create_task(self._open())
         else:
-            work = asyncio.ensure_future(asyncio.gather(*(self._agent(a) for a in range(self.agents))))
+            work = asyncio.ensure_future(asyncio.gather(*(self._agent(a) for a in self.owned)))
         stopper = asyncio.create_task(self._stop.wait())
         await asyncio.wait({work, stopper}, return_when=asyncio.FIRST_COMPLETED)
         if not work.done():  # the server died: abandon what is in flight

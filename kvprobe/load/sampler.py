@@ -21,8 +21,12 @@ from kvprobe.scrape import (
     WAITING,
     MetricsSnapshot,
     counter_deltas,
+    only_families,
     parse_metrics,
 )
+
+# What a load case samples: the gauges and the counters whose deltas it reports.
+SAMPLED = (KV_USAGE, RUNNING, WAITING, PREEMPTIONS, PREFIX_QUERIES, PREFIX_HITS, PROMPT_TOKENS, GENERATION_TOKENS)
 
 DELTA_NAMES = {
     PREEMPTIONS: "preemptions",
@@ -48,7 +52,7 @@ class MetricsSampler:
 
     async def _scrape(self) -> MetricsSnapshot | None:
         try:
-            snap = parse_metrics(await self.client.metrics_text())
+            snap = parse_metrics(only_families(await self.client.metrics_text(), SAMPLED))
         except KvprobeError as exc:
             self._error(str(exc))
             return None

@@ -125,6 +125,9 @@ def summarize_run(rows: Sequence[dict[str, Any]], duration_s: float, slo: Slo) -
         "itl_p99_s": _r(lat["itl"]["p99"]),
         "e2e_p99_s": _r(lat["e2e"]["p99"]),
         "tpot_p99_s": _r(lat["tpot"]["p99"]),
+        # flat, so the verdict's evidence keeps them (the client_limited rule reads them)
+        "itl_p50_s": _r(lat["itl"]["p50"]),
+        "e2e_p50_s": _r(lat["e2e"]["p50"]),
     }
 
 

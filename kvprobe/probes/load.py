@@ -12,8 +12,10 @@ units that have one. A server that dies mid-case is marked broken and keeps its 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import secrets
+import time
 from collections import defaultdict
 from dataclasses import replace
 from typing import Any
@@ -21,9 +23,12 @@ from typing import Any
 import orjson
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from kvprobe.disk import DiskError, mkdir
 from kvprobe.errors import ConfigError, KvprobeError, Unreachable
 from kvprobe.evaluation import EvalContext
-from kvprobe.load.generator import CaseRunner
+from kvprobe.load.client_load import limited
+from kvprobe.load.generator import CaseOutcome, CaseRunner
+from kvprobe.load.processes import START_DELAY_S, ShardJob, Workers, merge_client, processes_for, read_rows
 from kvprobe.load.sampler import MetricsSampler
 from kvprobe.load.stats import P99_KEYS, combine_repeats, compare_case, summarize_run, worst
 from kvprobe.load.workload import (
@@ -45,7 +50,7 @@ RESET_REFUSED = ("not offered: vLLM serves /reset_prefix_cache only with VLLM_SE
 def settings_digest(ctx: EvalContext) -> str:
     """What decides a unit's measurement; units recorded under another digest are not reused."""
     data = ctx.config.load.model_dump(mode="json")
-    for key in ("metrics_interval_s", "warmup", "settle_s"):  # how we look, not what a unit measures
+    for key in ("metrics_interval_s", "warmup", "settle_s", "processes"):  # how we look, not what is measured
         data.pop(key, None)
     return hashlib.sha256(orjson.dumps(data, option=orjson.OPT_SORT_KEYS)).hexdigest()[:12]
 
@@ -132,17 +137,16 @@ async def _reset_prefix_cache(ctx: EvalContext, name: str, notes: dict[str, str]
 
 
 async def _warm_up(ctx: EvalContext, name: str, shape: Shape, digest: str, run_nonce: str, source: TextSource,
-                   progress: Progress, task: Any) -> None:
+                   progress: Progress, task: Any, workers: Workers | None) -> None:
     """One unrecorded case at the shape's largest agent count (prompts of their own nonce, so the
     measured ones stay uncached): a cold server's first batches are several times slower."""
-    settings = ctx.config.load
     agents = max(shape.agents)
     warm_shape = replace(shape, max_output_tokens=min(shape.max_output_tokens, 16))
     nonce = case_nonce(run_nonce, f"warmup/{shape.name}", agents, -1)
     progress.update(task, description=f"{name} · {shape.name} · warm-up ({agents} agents)")
-    runner = CaseRunner(ctx.clients[name], settings, warm_shape, agents, nonce, source,
-                        settings.request_overrides.get(name))
-    outcome = await runner.run()
+    # through the workers when the case is sharded: the measured cases then reuse their connections
+    outcome, _, _ = await _drive(ctx, workers, name, warm_shape, agents, nonce, source,
+                                 {"unit": f"warmup-{secrets.token_hex(6)}"}, record=False)
     errors = sum(1 for r in outcome.rows if r["status"] != "ok")
     ctx.run.event("load_warmup", server=name, shape=shape.name, agents=agents, digest=digest,
                   seconds=round(outcome.duration_s, 3), requests=len(outcome.rows), errors=errors)
@@ -150,9 +154,57 @@ async def _warm_up(ctx: EvalContext, name: str, shape: Shape, digest: str, run_n
         ctx.mark_broken(name, outcome.dead)
 
 
+async def _drive(ctx: EvalContext, workers: Workers | None, name: str, shape: Shape, agents: int, nonce: str,
+                 source: TextSource, ids: dict[str, Any], on_row: Any = None, tick: Any = None,
+                 record: bool = True) -> tuple[CaseOutcome, dict[str, Any], int]:
+    """One case, in this process (`on_row` per finished request) or sharded over the workers (`tick`
+    per finished request; rows merged into the events log when `record`); with the client's figures
+    and the process count."""
+    settings = ctx.config.load
+    shards = processes_for(settings, agents) if workers is not None else 1
+    if workers is not None and shards > 1:
+        outcome, client = await _sharded(ctx, workers, name, shape, agents, nonce, source, ids, shards,
+                                         tick or (lambda _shard: None), record)
+        return outcome, client, shards
+    runner = CaseRunner(ctx.clients[name], settings, shape, agents, nonce, source,
+                        settings.request_overrides.get(name), on_row)
+    return *(await runner.run_measured()), 1
+
+
+async def _sharded(ctx: EvalContext, workers: Workers, name: str, shape: Shape, agents: int, nonce: str,
+                   source: TextSource, ids: dict[str, Any], shards: int, on_progress: Any,
+                   record: bool) -> tuple[CaseOutcome, dict[str, Any]]:
+    """The case over `shards` worker processes (kvprobe.load.processes): their rows merged into the
+    events log in one append, each row with its process number (`record`: not for a warm-up)."""
+    settings = ctx.config.load
+    folder = mkdir(ctx.run.path / "load-shards")
+    paths = [folder / f"{ids['unit']}-{k}.jsonl" for k in range(shards)]
+    server = next(s for s in ctx.config.servers if s.name == name)
+    start = time.perf_counter() + START_DELAY_S
+    jobs = [ShardJob(server, ctx.clients[name].model, settings, shape, agents, nonce, source.cpt,
+                     settings.request_overrides.get(name) or {}, k, shards, start, str(path))
+            for k, path in enumerate(paths)]
+    results = await workers.run(jobs, on_progress)
+    for r in results:
+        if r.disk_error:
+            raise DiskError(paths[r.shard], OSError(0, r.disk_error))
+    rows = [row | {"process": k} for k, path in enumerate(paths) for row in read_rows(path)]
+    if record:
+        ctx.run.event_many("load_request", [{**ids, **row} for row in rows])
+    for path in paths:
+        with contextlib.suppress(OSError):
+            path.unlink()
+    with contextlib.suppress(OSError):
+        folder.rmdir()  # only when empty: another case's files stay
+    for problem in sorted({row["unreadable"] for row in rows if row.get("unreadable") and record}):
+        ctx.warn(f"{problem}: output tokens counted from the stream")
+    outcome = CaseOutcome(rows=rows, t_start=start, dead=next((r.dead for r in results if r.dead), None))
+    return outcome, merge_client([r.client for r in results])
+
+
 async def _run_unit(ctx: EvalContext, name: str, shape: Shape, agents: int, repeat: int, digest: str,
                     run_nonce: str, source: TextSource, notes: dict[str, str], progress: Progress,
-                    task: Any) -> None:
+                    task: Any, workers: Workers | None = None) -> None:
     settings = ctx.config.load
     if not await _reset_prefix_cache(ctx, name, notes):
         return
@@ -164,23 +216,25 @@ async def _run_unit(ctx: EvalContext, name: str, shape: Shape, agents: int, repe
     done = {"n": 0}
     label = f"{name} · {shape.name} · {agents} agent{'s' if agents > 1 else ''} · run {repeat + 1}/{settings.repeats}"
 
+    def tick(_shard: int = 0) -> None:
+        done["n"] += 1
+        progress.update(task, description=f"{label} · {done['n']} req")
+
     def on_row(row: dict[str, Any]) -> None:
         writer.event("load_request", **ids, **row)
         if row.get("unreadable"):
             ctx.warn(f"{row['unreadable']}: output tokens counted from the stream")
-        done["n"] += 1
-        progress.update(task, description=f"{label} · {done['n']} req")
+        tick()
 
     progress.update(task, description=label)
-    runner = CaseRunner(ctx.clients[name], settings, shape, agents, nonce, source,
-                        settings.request_overrides.get(name), on_row)
     async with MetricsSampler(ctx.clients[name], settings.metrics_interval_s) as sampler:
-        outcome = await runner.run()
+        outcome, client, shards = await _drive(ctx, workers, name, shape, agents, nonce, source, ids, on_row, tick)
     await writer.flush()
     summary = summarize_run(outcome.rows, outcome.duration_s, settings.slo)
     metrics = sampler.summary()
     record = {**ids, **shape.describe(), "mode": settings.mode, "rate": settings.rate, "nonce": nonce,
-              "prefix_cache": notes.get(name), "summary": summary, "metrics": metrics}
+              "prefix_cache": notes.get(name), "summary": summary, "metrics": metrics, "client": client,
+              "processes": shards}
     if outcome.dead:
         ctx.run.event("load_aborted", **record, error=outcome.dead)
         ctx.mark_broken(name, outcome.dead)
@@ -192,13 +246,19 @@ async def _run_unit(ctx: EvalContext, name: str, shape: Shape, agents: int, repe
 def _case_entry(shape_info: dict[str, Any], agents: int, events: list[dict[str, Any]],
                 rows: list[dict[str, Any]], ctx: EvalContext) -> dict[str, Any]:
     runs = []
+    bars = ctx.config.bars
     for e in sorted(events, key=lambda e: e["repeat"]):
         metrics = {k: v for k, v in e["metrics"].items() if k != "samples"}
+        client = e.get("client") or {}
+        why = limited(client, e["summary"], bars.p99_latency_rise_max, bars.throughput_drop_max) if client else None
         runs.append({"repeat": e["repeat"], **e["summary"], "kv_usage_max": metrics.get("kv_usage_max"),
-                     "preemptions": int((metrics.get("deltas") or {}).get("preemptions", 0)), "metrics": metrics})
+                     "preemptions": int((metrics.get("deltas") or {}).get("preemptions", 0)), "metrics": metrics,
+                     **client, "client_limited": why is not None, "client_limited_why": why})
     settings = ctx.config.load
+    reasons = [r["client_limited_why"] for r in runs if r["client_limited_why"]]
     return {"agents": agents, **shape_info, "mode": settings.mode, "rate": settings.rate,
-            **combine_repeats(runs, rows, settings.slo)}
+            **combine_repeats(runs, rows, settings.slo), "client_limited": bool(reasons),
+            "client_limited_why": reasons[0] if reasons else None}
 
 
 def build_summary(ctx: EvalContext, digest: str, servers: list[str]) -> dict[str, Any]:
@@ -264,6 +324,25 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
                 for e in ctx.run.events("load_case", digest=digest)}
     plan = _plan(shapes, settings.repeats, servers)
     notes: dict[str, str] = {}
+    pending = [agents for shape, agents, repeat, order in plan for name in order
+               if (name, shape.name, agents, repeat) not in finished]
+    need = max((processes_for(settings, a) for a in pending), default=1)  # none spawned for a finished run
+    async with contextlib.AsyncExitStack() as stack:
+        workers = await stack.enter_async_context(Workers(need)) if need > 1 else None
+        if workers is not None:
+            ctx.console.print(f"load: {need} client worker processes (pids {', '.join(map(str, workers.pids))})",
+                              highlight=False)
+        await _run_plan(ctx, shapes, plan, finished, digest, run_nonce, source, notes, servers, workers)
+    summary = build_summary(ctx, digest, servers)
+    ctx.run.write_json("load.json", summary)
+    print_wide(ctx.console, load_table(summary))
+    return summary
+
+
+async def _run_plan(ctx: EvalContext, shapes: list[Shape], plan: list[tuple[Shape, int, int, list[str]]],
+                    finished: set[tuple[str, str, int, int]], digest: str, run_nonce: str, source: TextSource,
+                    notes: dict[str, str], servers: list[str], workers: Workers | None) -> None:
+    settings = ctx.config.load
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
     with Progress(*columns, console=ctx.console, refresh_per_second=4) as progress:
@@ -273,7 +352,8 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
                 for name in servers:
                     todo = [u for u in plan if u[0] == shape and (name, shape.name, u[1], u[2]) not in finished]
                     if todo and name in ctx.active():
-                        await _warm_up(ctx, name, shape, digest, run_nonce, source, progress, tasks[name])
+                        await _warm_up(ctx, name, shape, digest, run_nonce, source, progress, tasks[name],
+                                       workers)
         for shape, agents, repeat, order in plan:
             for name in order:
                 if name not in ctx.active():
@@ -282,8 +362,4 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
                     progress.update(tasks[name], advance=1)
                     continue
                 await _run_unit(ctx, name, shape, agents, repeat, digest, run_nonce, source, notes, progress,
-                                tasks[name])
-    summary = build_summary(ctx, digest, servers)
-    ctx.run.write_json("load.json", summary)
-    print_wide(ctx.console, load_table(summary))
-    return summary
+                                tasks[name], workers)

@@ -124,6 +124,14 @@ def _locked(name: str) -> Iterator[None]:
 
 def _log(msg: str) -> None:
     print(f"[kvprobe-servers] {msg}", file=sys.stderr, flush=True)
+    _record(msg)
+
+
+def _record(msg: str) -> None:
+    """Kept in logs/launcher.log too: pytest captures stderr, and which servers started, when and
+    for how long is what a slow test run is read from afterwards."""
+    with contextlib.suppress(OSError), open(home() / "logs" / "launcher.log", "a") as fh:
+        fh.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} pid {os.getpid()} {msg}\n")
 
 
 def _write_shim(path: Path, text: str = _SHIM) -> None:
@@ -500,6 +508,7 @@ def stop(port: int) -> None:
         return
     stop_group(json.loads(path.read_text())["pid"])
     path.unlink(missing_ok=True)
+    _record(f"stopped the server on port {port}")
 
 
 def stop_all() -> None:

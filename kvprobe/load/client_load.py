@@ -1,0 +1,116 @@
+"""The client's own load during a load case, and whether it could have moved the case's numbers.
+
+A load generator that is itself the bottleneck measures itself: its p99s are its event loop's queue
+and its throughput is its CPU. So every case records, on the client:
+- loop lag: how late a 10 ms ticker wakes (any callback of the loop is late by as much);
+- read lag: how long bytes waited between their kernel receive stamp and the loop reading them
+  (kvprobe.rxstamp; only with kernel stamps);
+- CPU: the process's CPU seconds over the case's wall seconds (1.0 is one core, all of it).
+
+`client_limited` (the rule the verdict applies): the client could move a p99 by more than a tenth of
+the latency bar.
+- Receive times from the loop: a chunk's time is late by the loop lag, so the loop lag p99 is compared
+  with a tenth of the bar times the case's smallest p99 latency (TTFT or ITL).
+- Kernel stamps: exact while the client reads each socket before that socket's next chunk arrives;
+  later the kernel has merged the queued packets and they share the newest stamp (tcp_try_coalesce),
+  so a read lag p99 over the median token gap marks the case. Otherwise a late loop only sends turns
+  late, which the server sees as a lighter load: limited when the mean loop lag is over a tenth of
+  the throughput bar of a request's median span.
+- At any stamps, a client using 90% of a core or more is limited: its throughput is its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+TICK_S = 0.01
+CPU_LIMIT = 0.9
+_KEEP = 20_000  # read-lag samples kept per case (a reservoir would cost more than it saves)
+
+
+@dataclass
+class ClientLoad:
+    stamps: str = "loop"
+    loop_lag: list[float] = field(default_factory=list)
+    read_lag: list[float] = field(default_factory=list)
+    cpu_s: float = 0.0
+    wall_s: float = 0.0
+
+    def on_read(self, lag_s: float) -> None:
+        if len(self.read_lag) < _KEEP:
+            self.read_lag.append(lag_s)
+
+    def summary(self) -> dict[str, Any]:
+        def p99(values: list[float]) -> float | None:
+            return float(np.percentile(values, 99)) if values else None
+
+        return {"client_stamps": self.stamps, "client_loop_lag_p99_s": p99(self.loop_lag),
+                "client_loop_lag_mean_s": float(np.mean(self.loop_lag)) if self.loop_lag else None,
+                "client_read_lag_p99_s": p99(self.read_lag),
+                "client_cpu_share": self.cpu_s / self.wall_s if self.wall_s > 0 else None}
+
+
+@contextlib.asynccontextmanager
+async def watching(load: ClientLoad | str):
+    """Measure the client while the body runs; the ClientLoad is complete after the block."""
+    load = ClientLoad(load) if isinstance(load, str) else load
+
+    async def tick() -> None:
+        due = time.perf_counter() + TICK_S
+        while True:
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            now = time.perf_counter()
+            load.loop_lag.append(max(0.0, now - due))
+            due = max(due + TICK_S, now)
+
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    ticker = asyncio.create_task(tick())
+    try:
+        yield load
+    finally:
+        ticker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await ticker
+        load.cpu_s, load.wall_s = time.process_time() - cpu0, time.perf_counter() - wall0
+
+
+def limited(client: dict[str, Any], case: dict[str, Any], latency_bar: float,
+            throughput_bar: float = 0.05) -> str | None:
+    """Why the client could have moved this case's numbers by more than a tenth of a bar, or None."""
+    cpu = client.get("client_cpu_share")
+    if isinstance(cpu, int | float) and cpu >= CPU_LIMIT:
+        return f"the client used {cpu:.0%} of a core"
+    lag = client.get("client_loop_lag_p99_s")
+    if client.get("client_stamps") != "kernel":
+        p99s = [case[k] for k in ("ttft_p99_s", "itl_p99_s") if isinstance(case.get(k), int | float) and case[k] > 0]
+        allowed = 0.1 * latency_bar * min(p99s) if p99s else None
+        if isinstance(lag, int | float) and allowed is not None and lag > allowed:
+            return (f"the client's loop ran {lag * 1000:.2f} ms late (p99), over a tenth of the {latency_bar:.0%} bar "
+                    f"on its smallest p99 latency ({allowed * 1000:.2f} ms; receive times from the loop)")
+        return None
+    read = client.get("client_read_lag_p99_s")
+    itl = _p50(case, "itl")
+    if isinstance(read, int | float) and isinstance(itl, int | float) and itl > 0 and read > itl:
+        # Behind by more than a token gap: the kernel merges a socket's queued packets, newest stamp.
+        return (f"the client read arrived bytes {read * 1000:.2f} ms late (p99), more than the median gap "
+                f"between tokens ({itl * 1000:.2f} ms): queued chunks share one kernel stamp")
+    mean = client.get("client_loop_lag_mean_s")
+    e2e = _p50(case, "e2e")
+    if isinstance(mean, int | float) and isinstance(e2e, int | float) and e2e > 0 and mean / e2e > 0.1 * throughput_bar:
+        # Closed loop: each turn goes out late by about the mean lag, so the offered load is lighter.
+        return (f"the client's loop ran {mean * 1000:.2f} ms late on average, {mean / e2e:.1%} of a request's "
+                f"median span: over a tenth of the {throughput_bar:.0%} throughput bar")
+    return None
+
+
+def _p50(case: dict[str, Any], name: str) -> float | None:
+    value = case.get(f"{name}_p50_s")
+    if value is None and isinstance(case.get(f"{name}_s"), dict):
+        value = case[f"{name}_s"].get("p50")
+    return value if isinstance(value, int | float) else None

@@ -1,0 +1,94 @@
+"""Kernel receive stamps on a real TCP connection over loopback: bytes read late keep the time they
+arrived, and reads planned by the chunked framing end where chunks end, so each chunk keeps its own
+arrival; chunks that came in one packet are read at once."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from kvprobe import rxstamp
+from kvprobe.streaming import _chunk_ends, _Framing
+
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+def chunk(payload: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(payload), payload)
+
+
+@pytest.fixture
+def pair():
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    server, _ = listener.accept()
+    listener.close()
+    server.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    assert rxstamp.enable(client), "this kernel gives no SO_TIMESTAMPNS"
+    client.setblocking(False)
+    yield client, server
+    client.close()
+    server.close()
+
+
+def read_all(client: socket.socket) -> list[tuple[bytes, float]]:
+    framing, clock, reads = _Framing(), rxstamp.Clock(), []
+    while True:
+        try:
+            data, stamp = rxstamp.recv(client, framing.plan(client), clock)
+        except BlockingIOError:
+            return reads
+        framing.advance(len(data))
+        assert stamp is not None
+        reads.append((data, stamp))
+
+
+def test_chunks_read_before_the_next_arrives_keep_their_own_arrival(pair) -> None:
+    """The loop is late by 15 ms on each read, under the 30 ms between chunks: every chunk is stamped
+    with when it arrived, not when it was read."""
+    client, server = pair
+    framing, clock = _Framing(), rxstamp.Clock()
+    for payload in (HEAD + chunk(b"data: a\n\n"), chunk(b"data: b\n\n"), chunk(b"data: c\n\n")):
+        server.sendall(payload)
+        sent = time.perf_counter()
+        time.sleep(0.015)
+        got = b""
+        while True:
+            try:
+                data, stamp = rxstamp.recv(client, framing.plan(client), clock)
+            except BlockingIOError:
+                break
+            framing.advance(len(data))
+            got += data
+            assert stamp is not None and abs(stamp - sent) < 0.002, stamp - sent  # not the read, 15 ms later
+        assert got == payload
+        time.sleep(0.015)
+
+
+def test_chunks_queued_on_one_socket_share_the_latest_arrival_never_later(pair) -> None:
+    """Read 50 ms late, after three sends 30 ms apart: the kernel has merged the queued packets
+    (tcp_try_coalesce keeps the newest stamp), so every chunk carries the last arrival. Not exact,
+    but never later than the loop's own time: kvprobe records the read lag to show it."""
+    client, server = pair
+    server.sendall(HEAD + chunk(b"data: a\n\n"))
+    time.sleep(0.03)
+    server.sendall(chunk(b"data: b\n\n"))
+    time.sleep(0.03)
+    server.sendall(chunk(b"data: c\n\n") + chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+    last = time.perf_counter()
+    time.sleep(0.05)
+    read_at = time.perf_counter()
+    reads = read_all(client)
+    assert b"".join(r[0] for r in reads).endswith(b"0\r\n\r\n")
+    assert reads[0][0] == HEAD  # the head is read on its own: chunks start at a boundary
+    for _, stamp in reads:
+        assert stamp <= read_at and abs(stamp - last) < 0.002
+
+
+def test_chunk_ends_stop_at_the_first_partial_chunk() -> None:
+    data = chunk(b"x" * 10) + chunk(b"y") + b"0\r\n\r\n"
+    assert _chunk_ends(data) == [(15, False), (21, False), (26, True)]
+    assert _chunk_ends(data[:20]) == [(15, False)]
+    assert _chunk_ends(b"zz\r\n") == []
