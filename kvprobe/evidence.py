@@ -13,7 +13,7 @@ from typing import Any
 
 from kvprobe.store import RunDir
 
-PROBES = ("capacity", "perplexity", "agreement", "needle", "load", "fill")
+PROBES = ("capacity", "perplexity", "agreement", "needle", "tasks", "load", "fill")
 
 _INVENTORY_KEYS = ("role", "status", "error", "version", "model", "model_root", "max_model_len", "cache_dtype",
                    "has_tokenize")
@@ -91,11 +91,27 @@ def read_load(data: dict[str, Any]) -> dict[str, Any]:
     return {"servers": servers}
 
 
+def read_tasks(data: dict[str, Any]) -> dict[str, Any]:
+    """Per task: its kind and metric, each server's accuracy and each candidate's paired drop (the
+    per-document scores stay in the events log and tasks.json's source events)."""
+    tasks: dict[str, Any] = {}
+    for name, task in (data.get("tasks") or {}).items():
+        if not isinstance(task, dict):
+            continue
+        servers = task.get("servers") if isinstance(task.get("servers"), dict) else {}
+        candidates = task.get("candidates") if isinstance(task.get("candidates"), dict) else {}
+        tasks[name] = {**_scalars(task),
+                       "servers": {k: _scalars(v) for k, v in servers.items() if isinstance(v, dict)},
+                       "candidates": {k: _scalars(v) for k, v in candidates.items() if isinstance(v, dict)}}
+    return {"tasks": tasks}
+
+
 READERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "capacity": read_capacity,
     "perplexity": read_per_server,
     "agreement": read_per_server,
     "needle": read_needle,
+    "tasks": read_tasks,
     "load": read_load,
     "fill": read_per_server,
 }

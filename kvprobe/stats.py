@@ -89,6 +89,15 @@ def ratio_interval(ref: Sequence[float], cand: Sequence[float], *, level: float 
     return Interval(point, float(np.exp(np.log(point) - half)), float(np.exp(np.log(point) + half)))
 
 
+def log_ratio_se(ref: Sequence[float], cand: Sequence[float]) -> float | None:
+    """The standard error of log(mean cand / mean ref) from independent runs (ratio_interval's), or
+    None with fewer than 2 runs on a side."""
+    r, c = np.log(np.asarray(ref, dtype=float)), np.log(np.asarray(cand, dtype=float))
+    if min(r.size, c.size) < 2:
+        return None
+    return float(np.sqrt(r.var(ddof=1) / r.size + c.var(ddof=1) / c.size))
+
+
 def bar_outcome(interval: Interval, bar: float, *, larger_is_worse: bool = True) -> Outcome:
     """Pass when the whole interval is on the good side of the bar (at or under it for a loss, at or
     over it for a quantity where smaller is worse), fail when the whole interval is past it,
@@ -100,3 +109,14 @@ def bar_outcome(interval: Interval, bar: float, *, larger_is_worse: bool = True)
     if interval.lo > bar:
         return "fail"
     return "inconclusive"
+
+
+def mcnemar_p(ref_only: int, cand_only: int) -> float:
+    """Exact two-sided McNemar p for paired 0/1 outcomes: under "no difference" each discordant pair
+    is a fair coin, so the count of reference-only successes is Binomial(discordant, 1/2)."""
+    from scipy import stats as st
+
+    discordant = ref_only + cand_only
+    if discordant == 0:
+        return 1.0
+    return float(st.binomtest(ref_only, discordant, 0.5).pvalue)

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from kvprobe.checks import pct
 from kvprobe.report.markdown import cell
-from kvprobe.verdict import pct
 
 _RATIO_BARS = ("throughput_drop_max", "p99_latency_rise_max", "perplexity_delta_max")
 

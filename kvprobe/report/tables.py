@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
+from kvprobe.checks import natural_order, pct, runs_by_case  # the grouping and wording the decisions use
 from kvprobe.knob import DEFAULT as DEFAULT_KNOB
 from kvprobe.report.platform_text import recorded_platform_text
-from kvprobe.verdict import natural_order, pct, runs_by_case  # the grouping and wording the decisions use
 
 
 @dataclass
@@ -158,6 +158,69 @@ def needle_table(v: dict[str, Any]) -> TableData | None:
     return t
 
 
+def tasks_table(v: dict[str, Any]) -> TableData | None:
+    probe = (v.get("probes") or {}).get("tasks")
+    if not probe:
+        return None
+    t = TableData("Task accuracy (lm-eval)", ["task", "server", "metric", "score", "scored", "truncated",
+                                              "drop vs reference", "95% interval", "McNemar p", "outcome"])
+    checks = {(name, c.get("case")): c for name, cs in _checks_by(v, "task_accuracy_drop_max").items() for c in cs}
+    for task, row in sorted((probe.get("tasks") or {}).items()):
+        for name in v["order"]:
+            own = (row.get("servers") or {}).get(name)
+            if own is None:
+                continue
+            pair = (row.get("candidates") or {}).get(name) or {}
+            check = checks.get((name, task)) or {}
+            outcome = "reference" if name == v["reference"] else check.get("outcome", "-")
+            score = own.get("accuracy")
+            t.rows.append([task, name, str(row.get("metric") or "-"), "-" if score is None else f"{score:.3f}",
+                           f"{num(own.get('scored'))}/{num(own.get('documents'))}", num(own.get("truncated")),
+                           "-" if pair.get("drop") is None else f"{pair['drop']:+.3f}",
+                           interval(pair.get("ci95"), lambda x: f"{x:+.3f}"),
+                           "-" if pair.get("mcnemar_p") is None else f"{pair['mcnemar_p']:.2g}", outcome])
+            t.tags.append(None if name == v["reference"] else check.get("outcome"))
+    t.note = ("Drop: the reference's score minus the candidate's on the documents both answered within the "
+              "answer cap (paired bootstrap over documents); an answer the cap cut is counted apart, not as wrong.")
+    return t
+
+
+def power_table(v: dict[str, Any]) -> TableData | None:
+    """Per measured check: how large an effect this run could see, and for an inconclusive one the
+    size that would settle it (kvprobe.power)."""
+    t = TableData("Power: what this run could detect", ["candidate", "bar", "case", "n", "smallest detectable",
+                                                         "limit", "outcome", "to settle it"])
+    for name, d in v["decisions"].items():
+        for c in d.get("checks") or []:
+            block = c.get("power")
+            if not block:
+                continue
+            fmt = _effect_format(c["bar"])
+            detectable = block.get("detectable")
+            needed = block.get("needed")
+            settle = ("-" if c["outcome"] != "inconclusive" else
+                      f"about {needed:,} {block['unit']}" if needed is not None else "no size (on the bar)")
+            t.rows.append([name, c["bar"], c.get("case") or "-", f"{block['n']:,} {block['unit']}",
+                           "-" if detectable is None else fmt(detectable),
+                           "-" if c.get("limit") is None else fmt(c["limit"]), c["outcome"], settle])
+            t.tags.append("inconclusive" if detectable is not None and c.get("limit") is not None
+                          and detectable > c["limit"] else None)
+    if not t.rows:
+        return None
+    t.note = ("Smallest detectable: a true loss this large is caught 80% of the time (one-sided alpha 0.05) at "
+              "this run's size and spread; larger than the limit (marked) means a pass here cannot rule out a "
+              "loss as big as the bar. To settle it: the size at which the 95% interval clears the bar with that "
+              "power, if the estimate holds.")
+    return t
+
+
+def _effect_format(bar: str) -> Any:
+    """Drops of recall or accuracy are absolute; perplexity and speed bars are relative (%)."""
+    if bar in ("needle_recall_drop_max", "task_accuracy_drop_max", "kl_mean_max", "top1_agreement_min"):
+        return lambda x: f"{x:.3f}"
+    return lambda x: pct(x, False)
+
+
 def _mean(values: list[float]) -> float | None:
     return float(np.mean(values)) if values else None
 
@@ -246,5 +309,6 @@ def left_out_table(v: dict[str, Any]) -> TableData | None:
 
 def all_tables(v: dict[str, Any]) -> list[TableData]:
     tables = [decisions_table(v), left_out_table(v), servers_table(v), perplexity_table(v), agreement_table(v),
-              needle_table(v), load_table(v), fill_table(v), checks_table(v), bars_table(v), probes_table(v)]
+              needle_table(v), tasks_table(v), load_table(v), fill_table(v), power_table(v), checks_table(v),
+              bars_table(v), probes_table(v)]
     return [t for t in tables if t is not None]

@@ -156,6 +156,31 @@ def agreement_table(summary: dict[str, Any]) -> Table:
     return table
 
 
+def tasks_table(summary: dict[str, Any], bars: Any) -> Table:
+    """The tasks probe's own table, printed when it ends (the verdict's tables judge the bars)."""
+    table = Table(title="Task accuracy (lm-eval)", header_style="bold",
+                  caption="drop: the reference's score minus the candidate's on the documents both answered "
+                          "within the cap, paired 95% CI over documents")
+    for col in ("task", "server", "score", "scored", "truncated", "drop", "95% CI", "McNemar p", "bar"):
+        table.add_column(col, justify="left" if col in ("task", "server") else "right")
+    for task, row in (summary.get("tasks") or {}).items():
+        bar = bars.task_bar(task)
+        for name, own in (row.get("servers") or {}).items():
+            pair = (row.get("candidates") or {}).get(name) or {}
+            ci = pair.get("ci95")
+            score = own.get("accuracy")
+            if own.get("error"):
+                table.add_row(task, name, *["-"] * 6, f"[red]{escape(own['error'])}[/red]")
+                continue
+            table.add_row(task, name, "-" if score is None else f"{score:.3f}",
+                          f"{own.get('scored')}/{own.get('documents')}", str(own.get("truncated")),
+                          "-" if pair.get("drop") is None else f"{pair['drop']:+.3f}",
+                          "-" if not ci else f"{ci[0]:+.3f}..{ci[1]:+.3f}",
+                          "-" if pair.get("mcnemar_p") is None else f"{pair['mcnemar_p']:.2g}",
+                          "-" if bar is None or name == summary.get("reference") else f"{bar:.3f}")
+    return table
+
+
 def print_wide(console: Console, table: Table) -> None:
     """Print a table on `console`; when that is not a terminal (a CI log, a pipe) use 160 columns, as
     `kvprobe eval` does for stdout, instead of rich's 80."""
