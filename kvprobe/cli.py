@@ -157,8 +157,9 @@ def audit_exit_code(inventories: list[Inventory]) -> int:
     return EXIT_UNREADABLE if any(inv.unreadable for inv in inventories) else EXIT_OK
 
 
-PROBES_HELP = ("comma-separated probes: capacity,perplexity,agreement,needle,load (the default) "
-               "and the opt-in fill (serves each server's whole claimed KV pool)")
+PROBES_HELP = ("comma-separated probes: capacity,perplexity,agreement,needle,load (the default), tasks "
+               "(lm-eval task accuracy; on by default when servers.toml has [tasks]) and the opt-in fill "
+               "(serves each server's whole claimed KV pool)")
 
 
 def _signing_key(key: Path | None):  # -> SigningKey
@@ -179,9 +180,10 @@ def _open_run(out: Path | None, resume: Path | None, config, probes: str | None)
         raise ConfigError(["--out and --resume: give one (--resume reopens an existing run directory)"])
     if resume is not None:
         run = RunDir.open(resume)
-        recorded = check_resume(config, run).get("probes") or available_probes()
+        recorded = check_resume(config, run).get("probes") or available_probes(config)
         return run, [p.strip() for p in probes.split(",") if p.strip()] if probes else list(recorded)
-    return RunDir.create(out), [p.strip() for p in probes.split(",") if p.strip()] if probes else available_probes()
+    chosen = [p.strip() for p in probes.split(",") if p.strip()] if probes else available_probes(config)
+    return RunDir.create(out), chosen
 
 
 def _report(run: RunDir, verdict: dict) -> None:

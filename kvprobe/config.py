@@ -29,7 +29,24 @@ class Bars(_Strict):
     throughput_drop_max: float = Field(0.05, ge=0, le=1, description="relative output-token throughput drop")
     p99_latency_rise_max: float = Field(0.10, ge=0, description="relative p99 latency rise")
     kl_mean_max: float | None = Field(None, ge=0, description="optional bar on mean KL divergence (nats)")
+    task_accuracy_drop_max: float | dict[str, float] = Field(
+        0.02, description="task accuracy drop (absolute, in the task's metric): one bar for every task, or "
+        "a table of task name -> bar, with `default` for the tasks it does not name")
     top1_agreement_min: float | None = Field(None, ge=0, le=1, description="optional bar on top-1 agreement")
+
+
+    @field_validator("task_accuracy_drop_max")
+    @classmethod
+    def _task_bars(cls, value: float | dict[str, float]) -> float | dict[str, float]:
+        values = value.values() if isinstance(value, dict) else [value]
+        if any(v < 0 or v > 1 for v in values):
+            raise ValueError("an accuracy drop is a fraction in [0, 1]")
+        return value
+
+    def task_bar(self, task: str) -> float | None:
+        """The bar on `task`; None when a table names neither it nor a default."""
+        bar = self.task_accuracy_drop_max
+        return bar if not isinstance(bar, dict) else bar.get(task, bar.get("default"))
 
 
 class Server(_Strict):
@@ -124,6 +141,32 @@ class NeedleSettings(_Strict):
         return None if value is None else sorted(set(value))
 
 
+class TasksSettings(_Strict):
+    """Task accuracy through lm-eval (`--probes ...,tasks`): each task on every server, identical greedy
+    requests, the candidate's per-sample scores paired with the reference's."""
+
+    names: list[str] = Field(default_factory=lambda: ["kvprobe_qa"], min_length=1,
+                             description="lm-eval task names (default: the shipped kvprobe_qa)")
+    include_path: str | None = Field(None, description="your own lm-eval task folder, with local data files "
+                                     "(relative to servers.toml); default: the shipped tasks/")
+    registry: bool = Field(False, description="also lm-eval's own task registry (its data must be on disk: "
+                           "nothing is downloaded)")
+    limit: int | None = Field(None, ge=1, description="at most this many documents per task")
+    metric: dict[str, str] = Field(default_factory=dict, description="task -> the metric its bar is on "
+                                   "(default: the task's first metric)")
+    max_gen_toks: int = Field(1024, ge=1, description="answer cap for generate_until tasks, reasoning included")
+    num_concurrent: int = Field(4, ge=1, description="requests in flight per server")
+    bootstrap_resamples: int = Field(2000, ge=100)
+    seed: int = 0
+
+    @field_validator("names")
+    @classmethod
+    def _unique(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("task names must be unique")
+        return value
+
+
 class Slo(_Strict):
     """Per-request service-level objective for goodput; a request is good when it meets every set limit."""
 
@@ -179,6 +222,9 @@ class LoadSettings(_Strict):
                                             "the last finished; open: Poisson arrivals at `rate`")
     rate: float | None = Field(None, gt=0, description="open loop: requests per second (Poisson)")
     seed: int = Field(0, description="workload text and open-loop arrival times (not a sampling seed)")
+    processes: int | None = Field(None, ge=1, description="client worker processes per case, agents sharded "
+                                  "over them (default: one per 256 agents, at most one per core; one process "
+                                  "meets the timing targets up to 256 streams, measured)")
     metrics_interval_s: float = Field(0.5, gt=0, description="/metrics sampling period during a case")
     settle_s: float = Field(2.0, ge=0, description="idle pause before each case: servers that share cores (a "
                             "test box) are slowed for up to ~1 s after another server's case while its threads "
@@ -222,6 +268,7 @@ class Config(_Strict):
     needle: NeedleSettings = Field(default_factory=NeedleSettings)
     load: LoadSettings = Field(default_factory=LoadSettings)
     fill: FillSettings = Field(default_factory=FillSettings)
+    tasks: TasksSettings = Field(default_factory=TasksSettings)
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -278,6 +325,19 @@ def parse_config(data: dict[str, Any], source: str = "servers.toml") -> Config:
         if server.api_key_env and not os.environ.get(server.api_key_env):
             problems.append(f"{source}: server[{i}].api_key_env: environment variable {server.api_key_env} "
                             f"is not set: export it with {server.name}'s API key")
+    bar = config.bars.task_accuracy_drop_max
+    if isinstance(bar, dict):
+        unknown = sorted(set(bar) - set(config.tasks.names) - {"default"})
+        if unknown:
+            problems.append(f"{source}: bars.task_accuracy_drop_max: {', '.join(unknown)} is not in tasks.names "
+                            f"({', '.join(config.tasks.names)}): add it there or remove its bar")
+        missing = [t for t in config.tasks.names if config.bars.task_bar(t) is None]
+        if missing:
+            problems.append(f"{source}: bars.task_accuracy_drop_max: no bar for {', '.join(missing)}: name it "
+                            "or give a default")
+    extra = sorted(set(config.tasks.metric) - set(config.tasks.names))
+    if extra:
+        problems.append(f"{source}: tasks.metric: {', '.join(extra)} is not in tasks.names")
     refs = [s.name for s in config.server if s.role == "reference"]
     if len(refs) != 1:
         found = ", ".join(refs) if refs else "none"
@@ -301,15 +361,16 @@ def load_config(path: str | Path) -> Config:
     # Paths inside servers.toml are relative to the file, not to wherever kvprobe was started.
     if isinstance(data.get("model_config"), str) and not Path(data["model_config"]).is_absolute():
         data["model_config"] = str(path.parent / data["model_config"])
-    ppl = data.get("perplexity")
-    for key in ("passages", "include_path"):
-        if isinstance(ppl, dict) and isinstance(ppl.get(key), str) and not Path(ppl[key]).is_absolute():
-            ppl[key] = str(path.parent / ppl[key])
+    for table, key in (("perplexity", "passages"), ("perplexity", "include_path"), ("tasks", "include_path")):
+        section = data.get(table)
+        if isinstance(section, dict) and isinstance(section.get(key), str) and not Path(section[key]).is_absolute():
+            section[key] = str(path.parent / section[key])
     config = parse_config(data, str(path))
     if config.perplexity.passages:  # before any server is asked anything
         from kvprobe.quality.own_data import check_passages
 
         check_passages(Path(config.perplexity.passages), f"{path}: perplexity.passages")
-    if config.perplexity.include_path and not Path(config.perplexity.include_path).is_dir():
-        raise ConfigError([f"{path}: perplexity.include_path {config.perplexity.include_path}: not a folder"])
+    for where, folder in (("perplexity", config.perplexity.include_path), ("tasks", config.tasks.include_path)):
+        if folder and not Path(folder).is_dir():
+            raise ConfigError([f"{path}: {where}.include_path {folder}: not a folder"])
     return config

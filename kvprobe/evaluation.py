@@ -30,9 +30,10 @@ from kvprobe.sign import SigningKey, sign_file
 from kvprobe.store import RunDir, utc_now
 from kvprobe.verdict import write_verdict
 
-PROBE_ORDER = ("capacity", "perplexity", "agreement", "needle", "load", "fill")
+PROBE_ORDER = ("capacity", "perplexity", "agreement", "needle", "tasks", "load", "fill")
 # Run unless --probes says otherwise; `fill` is opt-in (it serves the whole claimed pool) and runs last,
-# after every other measurement, because it may kill a server.
+# after every other measurement, because it may kill a server. `tasks` runs when servers.toml has a
+# [tasks] table (the operator chose tasks) or --probes names it.
 DEFAULT_PROBES = ("capacity", "perplexity", "agreement", "needle", "load")
 
 
@@ -92,10 +93,12 @@ def _probe_table() -> dict[str, ProbeFn]:
     return table
 
 
-def available_probes() -> list[str]:
-    """The default probe list: every installed probe except the opt-in ones."""
+def available_probes(config: Config | None = None) -> list[str]:
+    """The default probe list: every installed probe except the opt-in ones, and `tasks` when the
+    config sets [tasks]."""
     table = _probe_table()
-    return [p for p in DEFAULT_PROBES if p in table]
+    wanted = set(DEFAULT_PROBES) | ({"tasks"} if config is not None and "tasks" in config.model_fields_set else set())
+    return [p for p in PROBE_ORDER if p in wanted and p in table]
 
 
 async def _capacity_probe(ctx: EvalContext) -> dict[str, Any]:
@@ -194,6 +197,11 @@ async def run_eval(
 ) -> EvalOutcome:
     """`deadline`: the canary's --budget ends then (time.monotonic(); kvprobe.budget)."""
     _write_run_json(run, config, probes, resume, left_out)
+    from kvprobe.probes import preflights
+
+    for name, check in preflights().items():
+        if name in probes:  # before any server is asked anything
+            await asyncio.to_thread(check, config)
     async with AsyncExitStack() as stack:
         clients = make_clients(config, transport)
         for client in clients.values():

@@ -120,3 +120,26 @@ def test_model_config_path_is_relative_to_servers_toml(tmp_path: Path) -> None:
     (tmp_path / "sub").mkdir()
     config = load_config(write(tmp_path / "sub", 'model_config = "cfg/config.json"\n' + GOOD))
     assert config.model_config_path == str(tmp_path / "sub" / "cfg" / "config.json")
+
+
+def test_task_bars_global_per_task_and_checked_against_the_task_names(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, GOOD.replace("[bars]", "[bars]\ntask_accuracy_drop_max = 0.05")))
+    assert config.bars.task_bar("kvprobe_qa") == 0.05 and "tasks" not in config.model_fields_set
+    tasks = '[tasks]\nnames = ["a", "b"]\n\n[bars]\ntask_accuracy_drop_max = '
+    text = GOOD.replace("[bars]", tasks + "{a = 0.1, default = 0.0}")
+    config = load_config(write(tmp_path, text))
+    assert (config.bars.task_bar("a"), config.bars.task_bar("b")) == (0.1, 0.0)
+    assert "tasks" in config.model_fields_set  # [tasks] given: the tasks probe runs by default
+    bad = GOOD.replace("[bars]", tasks + "{a = 0.1, c = 0.2}")
+    (one, two) = problems(tmp_path, bad)
+    assert "c is not in tasks.names (a, b)" in one and "no bar for b" in two
+    assert "fraction in [0, 1]" in problems(tmp_path, GOOD.replace("[bars]", "[bars]\ntask_accuracy_drop_max = 2"))[0]
+
+
+def test_tasks_settings_are_checked(tmp_path: Path) -> None:
+    got = problems(tmp_path, GOOD + '\n[tasks]\nnames = ["a", "a"]\n')
+    assert got == [f"{tmp_path / 'servers.toml'}: tasks.names: task names must be unique"]
+    got = problems(tmp_path, GOOD + '\n[tasks]\nmetric = {other = "acc"}\n')
+    assert "tasks.metric: other is not in tasks.names" in got[0]
+    got = problems(tmp_path, GOOD + '\n[tasks]\ninclude_path = "nowhere"\n')
+    assert got == [f"{tmp_path / 'servers.toml'}: tasks.include_path {tmp_path / 'nowhere'}: not a folder"]

@@ -86,6 +86,16 @@ def test_one_run_per_load_case_gives_no_interval_and_no_pass(tmp_path):
     assert "load.repeats >= 2" in v["decisions"]["cand"]["reasons"][0]
 
 
+def test_a_p99_of_zero_is_not_measured_and_says_so(tmp_path):
+    """A client that read whole responses at once records ITLs of 0: a ratio of 0 is not a rise of -100%."""
+    m = Measurements()
+    m.load["servers"]["cand"]["cases"] = load_cases([100, 101, 99, 100], [1.0, 1.01, 0.99, 1.0])
+    m.load["servers"]["cand"]["cases"][1]["itl_p99_s"] = 0.0
+    v = verdict_of(m, tmp_path)
+    itl = next(c for c in v["decisions"]["cand"]["checks"] if c["metric"] == "ITL p99 rise")
+    assert itl["outcome"] == "not_measured" and "recorded 0, which has no ratio" in itl["text"]
+
+
 def test_no_gain_when_capacity_is_equal_says_the_ratio(tmp_path):
     m = Measurements()
     m.servers[1] = ("cand", "candidate", 100_000, "auto")
@@ -235,7 +245,7 @@ def test_probes_not_asked_for_hold_back_adopt_but_do_not_fail_the_run(tmp_path):
     m.probes_requested = ["capacity"]
     v = verdict_of(m, tmp_path)
     assert v["probes_status"] == {"capacity": "ran", "perplexity": "not run", "agreement": "not run",
-                                  "needle": "not run", "load": "not run", "fill": "not run"}
+                                  "needle": "not run", "tasks": "not run", "load": "not run", "fill": "not run"}
     assert decision(v) == "inconclusive"
     assert set(outcomes(v, "perplexity_delta_max")) == {"not_measured"}
     assert v["exit_code"] == 0

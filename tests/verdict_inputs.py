@@ -70,6 +70,8 @@ class Measurements:
             "servers": {"ref": {"cases": load_cases([100, 101, 99, 100], [1.0, 1.01, 0.99, 1.0])},
                         "cand": {"cases": load_cases([104, 105, 103, 104], [0.97, 0.98, 0.96, 0.97])}}}
 
+        self.tasks: dict[str, Any] | None = None  # tasks.json; set it and add "tasks" to probes_requested
+
     def write(self, path: Path) -> RunDir:
         run = RunDir.create(path)
         config = {"bars": self.bars,
@@ -96,8 +98,24 @@ class Measurements:
         run.event("pin", **pin)
         for name, error in self.broken_events:
             run.event("broken", server=name, error=error)
-        for probe in ("perplexity", "agreement", "needle", "load"):
+        for probe in ("perplexity", "agreement", "needle", "load", "tasks"):
             data = getattr(self, probe)
             if data is not None and probe in self.probes_requested:
                 run.write_json(f"{probe}.json", data)
         return run
+
+
+def tasks_summary(ref_scores: list[float], cand_scores: list[float], *, task: str = "qa",
+                  truncated: tuple[int, ...] = ()) -> dict[str, Any]:
+    """tasks.json as the tasks probe writes it, from per-document scores (truncated: documents the
+    cap cut on the candidate), through the probe's own summarise."""
+    from types import SimpleNamespace
+
+    from kvprobe.probes.tasks import summarise
+    from kvprobe.quality.task_eval import SampleRow, TaskInfo
+
+    info = TaskInfo(task, "generate_until", "exact_match", True, len(ref_scores), "d")
+    rows = {("ref", task): [SampleRow(i, s) for i, s in enumerate(ref_scores)],
+            ("cand", task): [SampleRow(i, s, truncated=i in truncated) for i, s in enumerate(cand_scores)]}
+    settings = SimpleNamespace(bootstrap_resamples=2000, seed=0, max_gen_toks=1024, limit=None)
+    return summarise("ref", ["ref", "cand"], [info], rows, settings, {})

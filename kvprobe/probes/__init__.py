@@ -10,17 +10,23 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-OPTIONAL_PROBES = ("perplexity", "agreement", "needle", "load", "fill")
+OPTIONAL_PROBES = ("perplexity", "agreement", "needle", "load", "fill", "tasks")
+
+
+def _modules() -> dict[str, Any]:
+    modules: dict[str, Any] = {}
+    for name in OPTIONAL_PROBES:
+        try:
+            modules[name] = importlib.import_module(f"kvprobe.probes.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"kvprobe.probes.{name}":
+                raise
+    return modules
 
 
 def registry() -> dict[str, Any]:
-    table: dict[str, Any] = {}
-    for name in OPTIONAL_PROBES:
-        try:
-            module = importlib.import_module(f"kvprobe.probes.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"kvprobe.probes.{name}":
-                continue  # not built yet
-            raise
-        table[name] = module.run
-    return table
+    return {name: module.run for name, module in _modules().items()}
+
+
+def preflights() -> dict[str, Any]:
+    return {name: module.preflight for name, module in _modules().items() if hasattr(module, "preflight")}

@@ -1,0 +1,78 @@
+"""Rebuild qa.jsonl: short-context question answering over CPython 3.11.7 docstrings (PSF licence).
+
+Run with CPython 3.11.7 for the exact shipped file: `python tasks/qa/build_qa.py`.
+
+Each document is a stretch of one standard-library module's docstrings (text needle-llama was not
+trained on; none of the modules of the perplexity passages) with one stated fact put between two
+sentences, a question about that fact, and its answer: a 7-digit number, scored by exact match. The
+fact and question follow the five sentence patterns of tasks/needle/templates.json, so the shipped
+model can really answer them; the context around them is new to it.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import random
+import re
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parent / "perplexity"))
+from build_passages import docstrings as passage_docstrings  # noqa: E402  (a sibling script, not a package)
+
+TEMPLATES = json.loads((HERE.parent / "needle" / "templates.json").read_text())
+MODULES = [
+    "argparse", "collections", "json", "pathlib", "tarfile", "zipfile", "datetime", "enum", "asyncio.tasks",
+    "tempfile", "textwrap", "urllib.parse", "http.client", "ftplib", "pdb", "socketserver", "uuid", "wave",
+    "platform", "ssl",
+]
+# Two documents per module from consecutive, non-overlapping stretches of its docstrings, in
+# characters (about 3.8 per needle-llama token: roughly 400 and 1,000 tokens).
+LENGTHS = (1_500, 4_000)
+SEED = 14
+
+
+def docstrings(module: str) -> tuple[str, str]:
+    """The module's source path and its docstrings in source order, as the perplexity passages take them."""
+    rel, docs = passage_docstrings(module)
+    return rel, "\n\n".join(docs)
+
+
+def document(rng: random.Random, text: str, start: int, length: int, template: dict[str, str]) -> dict[str, str]:
+    chunk = text[start:start + length]
+    if start:  # begin at a sentence, not mid-word
+        chunk = chunk[chunk.find(". ") + 2:]
+    chunk = chunk[: chunk.rfind(". ") + 1] or chunk
+    words = sorted({w for w in re.findall(r"[a-z]{4,}", chunk.lower())})
+    key = f"{rng.choice(words)}-{rng.choice(words)}"
+    while True:
+        value = str(rng.randint(10**6, 10**7 - 1))
+        if value not in text:
+            break
+    sentences = chunk.split(". ")
+    sentences.insert(rng.randint(0, len(sentences)), template["needle"].format(key=key, value=value).rstrip("."))
+    return {"context": ". ".join(sentences), "question": template["question"].format(key=key), "answer": value}
+
+
+def main() -> None:
+    rng = random.Random(SEED)
+    names = list(TEMPLATES)
+    rows = []
+    for i, module in enumerate(MODULES):
+        rel, text = docstrings(module)
+        if len(text) < sum(LENGTHS):
+            raise SystemExit(f"{module}: only {len(text)} characters of docstrings")
+        for j, length in enumerate(LENGTHS):
+            name = names[(2 * i + j) % len(names)]
+            row = document(rng, text, sum(LENGTHS[:j]), length, TEMPLATES[name])
+            rows.append({"id": f"{module}-{length}", "template": name,
+                         "source": f"CPython {platform.python_version()} Lib/{rel} (docstrings)", **row})
+    out = HERE / "qa.jsonl"
+    out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    print(f"wrote {len(rows)} documents to {out}")
+
+
+if __name__ == "__main__":
+    main()
