@@ -1,8 +1,10 @@
 """Async client for one vLLM OpenAI-compatible server (httpx; one connection pool per server).
 
 Retries: only where a retry is safe. GETs and /tokenize are idempotent and retried on connect
-errors and 502/503/504; generation requests are retried only when the connection was refused
-(the server never saw them), never after a 5xx, so a crash is reported, not hidden.
+errors and 502/503/504; generation requests are retried only when the server never saw them: the
+connection was refused, or a kept-alive connection was closed under the request before any answer
+(the server's keep-alive timeout racing the send, once, on a new connection, as Go's net/http
+does); never after a 5xx, so a crash is reported, not hidden.
 
 Streams go through kvprobe.streaming (asyncio protocols + httptools' C parser) unless a test
 transport is given or a proxy applies: httpx parses HTTP in pure Python (h11), which made the
@@ -185,6 +187,11 @@ class Client:
         if self._pool is not None:
             await self._pool.aclose()
 
+    @property
+    def stream_pool(self) -> StreamPool | None:
+        """The pool streamed requests go through (None: through httpx, a proxy applies)."""
+        return self._pool
+
     # -- plumbing ---------------------------------------------------------------------------
 
     def _fail(self, resp: httpx.Response, path: str) -> ServerError:
@@ -213,7 +220,7 @@ class Client:
         for attempt in range(1, attempts + 1):
             last = attempt == attempts
             try:
-                resp = await self._http.request(method, path, **kw)
+                resp = await self._send(method, path, **kw)
             except httpx.TransportError as exc:
                 # Refused before sending (ConnectError) is safe to retry whatever the method.
                 if last or not (idempotent or isinstance(exc, httpx.ConnectError)):
@@ -225,6 +232,17 @@ class Client:
                     return resp
             await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+    async def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        """One attempt. A request the server never read (a kept-alive connection it closed as idle
+        just as the request went out) goes once more, on a new connection."""
+        trace = _ConnectionTrace()
+        try:
+            return await self._http.request(method, path, extensions={"trace": trace}, **kw)
+        except httpx.TransportError as exc:
+            if not trace.closed_before_answer(exc):
+                raise
+        return await self._http.request(method, path, **kw)
 
     def _json(self, resp: httpx.Response, path: str) -> Any:
         try:
@@ -410,6 +428,26 @@ class Client:
             async for data in resp.aiter_bytes():
                 if feed.feed(data, time.perf_counter()):
                     return
+
+class _ConnectionTrace:
+    """httpcore's trace events of one request, to tell the keep-alive race from a server fault."""
+
+    def __init__(self) -> None:
+        self.events: set[str] = set()
+
+    async def __call__(self, event: str, info: dict[str, Any]) -> None:
+        self.events.add(event)
+
+    def closed_before_answer(self, exc: httpx.TransportError) -> bool:
+        """Sent on a kept-alive connection (no new connect), which then closed or reset before any
+        answer byte: the server had closed it as idle and never read the request. A test transport
+        sends no events, so it is never taken for this."""
+        seen = self.events
+        return (isinstance(exc, httpx.ReadError | httpx.WriteError | httpx.RemoteProtocolError)
+                and "http11.send_request_headers.started" in seen
+                and "connection.connect_tcp.started" not in seen
+                and "http11.receive_response_headers.complete" not in seen)
+
 
 def _apply_message(gen: Generation, data: Any) -> None:
     """A non-streaming chat answer into `gen`; ValueError when its shape is not an answer's."""
