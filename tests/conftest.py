@@ -9,14 +9,54 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from kvprobe.servers import LaunchError, LocalServer, ServerSpec, Testbed, start_each, stop, testbed
+
+TRIO = ("reference", "lossless_2x", "lossy_2x")
+
+
+class _Prestart:
+    thread: ClassVar[threading.Thread | None] = None
+    ports: ClassVar[set[int]] = set()  # started by the background start (not reused): stopped at the end
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the trio in the background while the first tests (the fuzz tests, which time nothing)
+    run: ~70 s of startup the first module asking for the trio would otherwise wait out. That
+    module's own start blocks on each port's lock until then, and reuses what came up; what could
+    not start, it starts (or fails to) itself, with its own error."""
+    if os.environ.get("KVPROBE_SKIP_INTEGRATION") == "1" or session.config.option.collectonly:
+        return
+    if not any("vllm_servers" in getattr(item, "fixturenames", ()) for item in session.items):
+        return
+
+    def go() -> None:
+        bed = testbed()
+        try:
+            results = start_each([bed[k].spec for k in TRIO if bed.available(k)])
+        except Exception:  # the fixture's own start reports it
+            return
+        _Prestart.ports.update(r.spec.port for r in results if isinstance(r, LocalServer) and not r.reused)
+
+    _Prestart.thread = threading.Thread(target=go, name="kvprobe-trio-prestart", daemon=True)
+    _Prestart.thread.start()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop what the background start started, also when no test got as far as asking for it."""
+    if _Prestart.thread is not None:
+        _Prestart.thread.join(600)  # a session that ended early: its servers may still be coming up
+    if os.environ.get("KVPROBE_KEEP_SERVERS") != "1":
+        for port in sorted(_Prestart.ports):
+            stop(port)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -67,7 +107,7 @@ def vllm_servers(bed: Testbed, start_servers) -> dict[str, LocalServer]:
     Same model, same flags; only the KV dtype differs. Checked per module, not once per session: the
     launcher recycles a server whose kernel overruns its pool (launcher.overruns) once it has served too
     many tokens, so each module starts from a server that is fit for it."""
-    keys = [k for k in ("reference", "lossless_2x", "lossy_2x") if bed.available(k)]
+    keys = [k for k in TRIO if bed.available(k)]
     servers = dict(zip(keys, start_servers([bed[k].spec for k in keys]), strict=True))
     servers["any_2x"] = servers.get("lossless_2x") or servers["lossy_2x"]
     return servers

@@ -125,7 +125,7 @@ async def test_pinned_ssm_state_frees_167x_with_quality_intact(running, tmp_path
     c = running("ssm_pinned")
     verdict, capacity, code = await evaluate(
         c, tmp_path, available_probes(), perplexity={"limit": 8},
-        load={"agents": [1, 4], "repeats": 2, "turns": 2})
+        load={"agents": [2], "repeats": 2, "turns": 2})
     assert verdict["pin"]["valid"] and verdict["pin"]["knob"] == "mamba_ssm_cache_dtype"
     d = verdict["decisions"]["ssm_float16"]
     assert d["kv_cache_tokens"] == PINNED_TOKENS["float16"]
