@@ -19,7 +19,7 @@ import asyncio
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import httptools
 import httpx
@@ -28,6 +28,9 @@ import orjson
 from kvprobe.errors import AuthError, ServerError, Unreachable
 from kvprobe.streaming import NoResponse, StreamPool, proxied
 from kvprobe.untrusted import Unreadable
+
+if TYPE_CHECKING:
+    from kvprobe.config import Server
 
 _RETRY_STATUS = {502, 503, 504}
 
@@ -175,6 +178,12 @@ class Client:
         if transport is None and not proxied(self.url):
             self._pool = StreamPool(self.url, hdrs, max_connections=max_connections, timeout_s=timeout_s)
         self.model: str | None = None
+
+    @classmethod
+    def for_server(cls, server: Server, transport: httpx.AsyncBaseTransport | None = None) -> Client:
+        """The client of one [[server]] table (its key from the environment)."""
+        return cls(server.name, server.url, api_key=server.api_key(), timeout_s=server.timeout_s,
+                   headers=server.headers, transport=transport)
 
     async def __aenter__(self) -> Client:
         return self
@@ -428,6 +437,7 @@ class Client:
             async for data in resp.aiter_bytes():
                 if feed.feed(data, time.perf_counter()):
                     return
+
 
 class _ConnectionTrace:
     """httpcore's trace events of one request, to tell the keep-alive race from a server fault."""

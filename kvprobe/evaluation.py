@@ -127,11 +127,7 @@ def cannot_run_lines(inventories: list[Inventory]) -> list[str]:
 
 
 def make_clients(config: Config, transport: Any = None) -> dict[str, Client]:
-    return {
-        s.name: Client(s.name, s.url, api_key=s.api_key(), timeout_s=s.timeout_s, headers=s.headers,
-                       transport=transport)
-        for s in config.servers
-    }
+    return {s.name: Client.for_server(s, transport) for s in config.servers}
 
 
 @dataclass

@@ -23,10 +23,11 @@ from needle_fakes import NeedleModel, ToyTokenizer, fake_server
 from replay import SERVERS_TOML, MultiReplay, Replay
 
 from kvprobe import cli, evaluation
-from kvprobe.client import Client
 from kvprobe.disk import DiskError, append_line, write_atomic
 from kvprobe.probes.perplexity import is_server_failure
 from kvprobe.store import RunDir
+
+MAKE_CLIENTS = evaluation.make_clients  # the real one: tests give it their replay transport
 
 NEEDLE_TOML = """
 [bars]
@@ -69,7 +70,7 @@ def pair() -> MultiReplay:
 
 def kvprobe_eval(monkeypatch: pytest.MonkeyPatch, fleet: MultiReplay, *args: str) -> Result:
     transport = fleet.transport()
-    monkeypatch.setattr(evaluation, "Client", lambda *a, **kw: Client(*a, **{**kw, "transport": transport}))
+    monkeypatch.setattr(evaluation, "make_clients", lambda config, _=None: MAKE_CLIENTS(config, transport))
     return CliRunner().invoke(cli.main, ["eval", *args])
 
 

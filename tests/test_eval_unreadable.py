@@ -14,10 +14,11 @@ from replay import SERVERS_TOML, MultiReplay, Replay, capture
 from rich.console import Console
 
 from kvprobe import cli, evaluation
-from kvprobe.client import Client
 from kvprobe.config import parse_config
 from kvprobe.evaluation import run_eval
 from kvprobe.store import RunDir
+
+MAKE_CLIENTS = evaluation.make_clients  # the real one: tests give it their replay transport
 
 CONFIG = {"server": [{"name": "auto", "url": "http://127.0.0.1:8101", "role": "reference"},
                      {"name": "fp8", "url": "http://127.0.0.1:8102"}]}
@@ -76,7 +77,7 @@ async def test_eval_stops_with_exit_2_one_line_and_both_inventories_on_disk(tmp_
 @pytest.mark.parametrize("fault", ["capacity inf", "max_model_len x"])
 def test_eval_command_prints_the_one_line_not_a_traceback(tmp_path, monkeypatch, fault: str) -> None:
     transport = fleet(fault).transport()
-    monkeypatch.setattr(evaluation, "Client", lambda *a, **kw: Client(*a, **{**kw, "transport": transport}))
+    monkeypatch.setattr(evaluation, "make_clients", lambda config, _=None: MAKE_CLIENTS(config, transport))
     servers = tmp_path / "servers.toml"
     servers.write_text(SERVERS_TOML)
     out = tmp_path / "run"

@@ -18,12 +18,12 @@ from click.testing import CliRunner
 from test_disk_full import trio
 
 from kvprobe import cli, evaluation
-from kvprobe.client import Client
 
 
 def main(servers: str, out: str, mode: str) -> None:
     transport = trio().transport()
-    evaluation.Client = lambda *a, **kw: Client(*a, **{**kw, "transport": transport})  # type: ignore[misc]
+    real = evaluation.make_clients
+    evaluation.make_clients = lambda config, _=None: real(config, transport)  # type: ignore[assignment]
     where = ["--resume", out] if mode == "resume" else ["--out", out, "--probes", "capacity,needle"]
     result = CliRunner().invoke(cli.main, ["eval", "--servers", servers, *where])
     events = Path(out) / "events.jsonl"

@@ -146,8 +146,7 @@ async def _shard(job: ShardJob, progress: Any, stop: Any, clients: dict[tuple[st
     s = job.server
     client = clients.get((s.name, s.url))
     if client is None:
-        client = clients[(s.name, s.url)] = Client(s.name, s.url, api_key=s.api_key(), timeout_s=s.timeout_s,
-                                                    headers=s.headers)
+        client = clients[(s.name, s.url)] = Client.for_server(s)
     client.model = job.model
     disk: list[str] = []
     fh = open(job.rows_path, "ab")  # noqa: SIM115  (closed below, after the case)
