@@ -19,6 +19,11 @@ from kvprobe.errors import ServerError
 MAX_TOKENS = 10**12
 # The longest context a model serves today is 10M tokens; a smoke prompt is built from this number.
 MAX_MODEL_LEN = 10**8
+# A logprob is at most 0; float rounding in a server's log-softmax may overshoot by a hair. vLLM
+# floors every logprob it sends at -9999.0 (-inf is not JSON); far below that is garbage, and an
+# unbounded one lets a sum of logprobs or a KL term (p * (lp - lq)) overflow to inf.
+LOGPROB_MIN = -1e4
+LOGPROB_MAX = 1e-3
 
 
 class Unreadable(ServerError):
@@ -93,6 +98,11 @@ def number(value: Any, what: str, *, integer: bool = False, minimum: float | Non
     if isinstance(parsed, int) and abs(parsed) > sys.float_info.max:
         raise Unreadable(f"{what} {_quote(value)} is beyond any number a float holds")
     return int(parsed) if integer else float(parsed)
+
+
+def logprob(value: Any, what: str, *, text: bool = False) -> float:
+    """A log-probability: finite, in [LOGPROB_MIN, LOGPROB_MAX]."""
+    return number(value, what, minimum=LOGPROB_MIN, maximum=LOGPROB_MAX, text=text)
 
 
 def count(value: Any, what: str, *, maximum: float = MAX_TOKENS, text: bool = False) -> int:

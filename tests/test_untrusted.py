@@ -185,7 +185,8 @@ async def test_load_rows_with_string_usage_count_the_stream_and_say_so() -> None
 
 
 @pytest.mark.parametrize(("logprob", "problem"), [(math.nan, "not a finite number"), ("x", "not a number"),
-                                                  (3.0, "absurdly large"), (None, "missing")])
+                                                  (3.0, "absurdly large"), (None, "missing"),
+                                                  (-1e308, "below -10,000")])
 def test_prompt_logprobs_are_checked(logprob, problem: str) -> None:
     answer = json.loads(capture("auto-8101", "completions_prompt_logprobs1_max1"))
     entry = answer["choices"][0]["prompt_logprobs"][2]
@@ -202,6 +203,12 @@ def test_logprobs_lm_eval_sums_are_checked() -> None:
     check_logprobs("fp8", answer, [1])  # the real capture is fine
     answer["choices"][0]["logprobs"]["token_logprobs"][2] = math.inf
     with pytest.raises(Unreadable, match=r"fp8: /v1/completions logprobs.token_logprobs\[2\] inf is not a finite"):
+        check_logprobs("fp8", answer, [1])
+    # vLLM's floor is -9999.0; two of -1e308 would sum to -inf
+    answer["choices"][0]["logprobs"]["token_logprobs"][2] = -9999.0
+    check_logprobs("fp8", answer, [1])
+    answer["choices"][0]["logprobs"]["token_logprobs"][2] = -1e308
+    with pytest.raises(Unreadable, match=r"token_logprobs\[2\] -1e\+308 is below -10,000"):
         check_logprobs("fp8", answer, [1])
     with pytest.raises(Unreadable, match="no choices"):
         check_logprobs("fp8", {"choices": "x"}, [1])

@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
+import traceback
 from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
@@ -42,6 +44,9 @@ def ordered_active(ctx: EvalContext) -> list[str]:
     return sorted(names, key=lambda n: n != ctx.reference)
 
 
+_JSON_DECODER = os.path.join("json", "decoder.py")
+
+
 def is_server_failure(exc: BaseException) -> bool:
     """An error that says the server failed (as opposed to a bug in kvprobe or lm-eval)."""
     import aiohttp
@@ -54,6 +59,11 @@ def is_server_failure(exc: BaseException) -> bool:
     # lm-eval reads a 200's body with the stdlib json: a body that is not JSON is the server's fault.
     if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError):
         return True
+    # The stdlib json recurses once per nesting level: `[[[[...` deep enough is a RecursionError
+    # raised inside json's decoder, still the body's fault. One raised anywhere else is a bug.
+    if isinstance(exc, RecursionError):
+        frames = traceback.walk_tb(exc.__traceback__)
+        return any(frame.f_code.co_filename.endswith(_JSON_DECODER) for frame, _ in frames)
     return isinstance(exc, RuntimeError) and "RemoteTokenizer" in str(exc)
 
 

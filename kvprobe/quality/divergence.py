@@ -16,12 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from kvprobe.untrusted import Unreadable, number
+from kvprobe.untrusted import Unreadable, logprob, number
 
 TopK = dict[int, float]  # token id -> logprob, at one position
 
-# A logprob is at most 0; float rounding in a server's log-softmax may overshoot by a hair.
-_LOGPROB_MAX = 1e-3
 # Past any vocabulary (the largest are ~260k): a token id beyond it is garbage, not a token.
 _TOKEN_ID_MAX = 2**31
 # Leftover mass below this is rounding, not probability.
@@ -33,7 +31,7 @@ _Q_FLOOR = 1e-10
 def parse_prompt_logprobs(response: dict[str, Any], server: str = "server") -> list[TopK | None]:
     """vLLM /v1/completions `prompt_logprobs`: per position {token_id: logprob}; None where the
     server gives nothing (the first position, which has no context). Unreadable when the answer has
-    none or a logprob is not a finite number at most 0 (a NaN would poison every mean after it)."""
+    none or a logprob is not a finite number in [-1e4, 0] (a NaN would poison every mean after it)."""
     where = f"{server}: /v1/completions prompt_logprobs"
     choices = response.get("choices") if isinstance(response, dict) else None
     first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
@@ -49,8 +47,7 @@ def parse_prompt_logprobs(response: dict[str, Any], server: str = "server") -> l
         if not isinstance(entry, dict) or not entry:
             raise Unreadable(f"{where}[{pos}] is not an object of token logprobs", server=server)
         out.append({number(tok, f"{where}[{pos}] token id", integer=True, minimum=0, maximum=_TOKEN_ID_MAX, text=True):
-                    number(v.get("logprob") if isinstance(v, dict) else v, f"{where}[{pos}][{tok}].logprob",
-                           maximum=_LOGPROB_MAX)
+                    logprob(v.get("logprob") if isinstance(v, dict) else v, f"{where}[{pos}][{tok}].logprob")
                     for tok, v in entry.items()})
     return out
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from kvprobe.corpus import TASKS_DIR
-from kvprobe.untrusted import Unreadable, number
+from kvprobe.untrusted import LOGPROB_MAX, Unreadable, logprob, number
 
 # Before lm-eval pulls in datasets / huggingface_hub / transformers / tqdm, which read these once.
 for _var in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
@@ -223,9 +223,6 @@ def task_passages(task: str, limit: int | None = None, tasks_dir: Path = TASKS_D
     return out
 
 
-# A logprob is at most 0; a server's float rounding may overshoot by a hair.
-_LOGPROB_MAX = 1e-3
-
 
 def check_logprobs(server: str, outputs: Any, ctxlens: list[int]) -> None:
     """Unreadable unless `outputs` has the shape lm-eval's parse_logprobs reads, with finite logprobs
@@ -243,7 +240,7 @@ def check_logprobs(server: str, outputs: Any, ctxlens: list[int]) -> None:
             if not isinstance(token_logprobs, list) or not isinstance(top, list):
                 raise Unreadable(f"{where}: logprobs has no token_logprobs and top_logprobs lists", server=server)
             for i in range(ctxlen, len(token_logprobs) - 1):
-                number(token_logprobs[i], f"{where} logprobs.token_logprobs[{i}]", maximum=_LOGPROB_MAX)
+                logprob(token_logprobs[i], f"{where} logprobs.token_logprobs[{i}]")
             # lm-eval compares each token's logprob with max(top.values()): an empty entry or a
             # string among the values is a ValueError or TypeError inside it.
             for i, entry in enumerate(top[ctxlen:-1], ctxlen):
@@ -251,7 +248,7 @@ def check_logprobs(server: str, outputs: Any, ctxlens: list[int]) -> None:
                     raise Unreadable(f"{where}: logprobs.top_logprobs[{i}] is not an object of token logprobs",
                                      server=server)
                 for token, value in entry.items():
-                    number(value, f"{where} logprobs.top_logprobs[{i}][{token[:40]!r}]", maximum=_LOGPROB_MAX)
+                    logprob(value, f"{where} logprobs.top_logprobs[{i}][{token[:40]!r}]")
 
 
 def _model_class() -> type:
@@ -399,7 +396,7 @@ def evaluate(target: Target, task: str, limit: int | None, on_window: WindowCall
     for sample in sorted(out["samples"][task], key=lambda s: s["doc_id"]):
         resp = sample["filtered_resps"][0]
         loglikelihood = number(resp[0] if isinstance(resp, list | tuple) else resp,
-                               f"{target.name}: passage {sample['doc_id']} log-likelihood", maximum=_LOGPROB_MAX)
+                               f"{target.name}: passage {sample['doc_id']} log-likelihood", maximum=LOGPROB_MAX)
         target_text = sample["target"]
         words = sample["word_perplexity"][1] if "word_perplexity" in sample else \
             ConfigurableTask.count_words(target_text)

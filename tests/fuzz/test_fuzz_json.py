@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -178,7 +179,7 @@ PROMPT_LOGPROBS = [load(FIXTURES / server / f"completions_prompt_logprobs{k}_max
 @example(b'{"choices": [{"prompt_logprobs": [null, {}]}]}')
 def test_prompt_logprobs(body: bytes) -> None:
     """The agreement probe's reading: the client, parse_prompt_logprobs, then compare() against the real
-    capture of the same length and against itself."""
+    capture of the same length (both ways) and against itself."""
     data = read_or_refuse(body, lambda c: c.completions({"prompt": [1, 2], "prompt_logprobs": 1}))
     if data is None:
         return
@@ -189,8 +190,9 @@ def test_prompt_logprobs(body: bytes) -> None:
         return
     for other in [got, *(parse_prompt_logprobs(p, "auto") for p in PROMPT_LOGPROBS)]:
         if len(other) == len(got):
-            result = compare(got, other)
-            dumps({"kl": result.kl, "top1": result.top1, "diff": result.diff})
+            for result in (compare(got, other), compare(other, got)):
+                assert all(math.isfinite(k) and k >= 0 for k in result.kl)  # an inf KL poisons every mean
+                dumps({"kl": result.kl, "top1": result.top1, "diff": result.diff})
 
 
 ECHO = [_seed("completions_echo_logprobs1_max0_str"), _seed("completions_echo_logprobs1_max0_ids_batch"),

@@ -189,8 +189,18 @@ def test_a_body_that_is_not_json_is_the_servers_failure() -> None:
     from kvprobe.probes.perplexity import is_server_failure
 
     # lm-eval parses a 200's body with the stdlib json: "<html>" or a truncated body is not a kvprobe bug.
-    try:
+    with pytest.raises(json.JSONDecodeError) as garbled:
         json.loads("<html>gateway</html>")
-    except json.JSONDecodeError as exc:
-        assert is_server_failure(exc)
+    assert is_server_failure(garbled.value)
+    # Nested deeper than the stdlib json recurses: a RecursionError, raised inside json's decoder.
+    with pytest.raises(RecursionError) as deep:
+        json.loads('{"choices": ' + "[" * 100_000)
+    assert is_server_failure(deep.value)
     assert not is_server_failure(KeyError("choices"))  # a bug stays a bug (exit 70)
+
+    def endless(n: int) -> int:
+        return endless(n + 1)
+
+    with pytest.raises(RecursionError) as ours:
+        endless(0)
+    assert not is_server_failure(ours.value)  # a recursion of our own is a bug too

@@ -107,3 +107,17 @@ def test_real_vllm_prompt_logprobs_auto_vs_fp8():
 def test_parse_rejects_a_response_without_prompt_logprobs():
     with pytest.raises(Unreadable, match="prompt_logprobs"):
         parse_prompt_logprobs({"choices": [{"text": "x"}]})
+
+
+def _answer(logprob: float) -> dict:
+    return {"choices": [{"prompt_logprobs": [None, {"5": {"logprob": -0.1}, "9": {"logprob": logprob}}]}]}
+
+
+def test_vllms_logprob_floor_is_read_and_below_it_is_garbage():
+    # vLLM sends -inf as -9999.0: a real value, and the KL it makes is large but finite.
+    floor = parse_prompt_logprobs(_answer(-9999.0))
+    kl = compare(parse_prompt_logprobs(_answer(-1.0)), floor).kl
+    assert math.isfinite(kl[0]) and kl[0] > 1000
+    # -1e308 would make p * (lp - lq) overflow to inf, and every mean over it with it.
+    with pytest.raises(Unreadable, match=r"\[1\]\[9\]\.logprob .* is below"):
+        parse_prompt_logprobs(_answer(-1e308), "fp8")
