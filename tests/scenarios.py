@@ -26,3 +26,28 @@ def trio(vllm_servers: dict) -> list[dict[str, str]]:
     by its KV dtype."""
     return [{"name": vllm_servers[k].spec.kv_cache_dtype, "url": vllm_servers[k].url,
              "role": "reference" if k == "reference" else "candidate"} for k in TRIO if k in vllm_servers]
+
+
+def wait_quiet(urls: list[str], timeout_s: float = 120.0) -> float:
+    """Wait until no server at `urls` has a request running or waiting (their /metrics); the seconds
+    waited. A timing test runs on a quiet box: the servers share its 2 cores, and a request an earlier
+    test abandoned (a canary cut at its budget) is still prefilling for up to ~10 s after that test."""
+    import time
+    import urllib.request
+
+    from kvprobe.scrape import RUNNING, WAITING, parse_metrics
+
+    t0 = time.monotonic()
+    while True:
+        busy = {}
+        for url in urls:
+            with urllib.request.urlopen(f"{url}/metrics", timeout=30) as resp:
+                gauges = parse_metrics(resp.read().decode()).gauges()
+            if gauges.get(RUNNING, 0) or gauges.get(WAITING, 0):
+                busy[url] = gauges
+        if not busy:
+            time.sleep(1.0)  # a server's threads spin for up to ~1 s after its last request
+            return time.monotonic() - t0
+        if time.monotonic() - t0 > timeout_s:
+            raise AssertionError(f"servers still busy after {timeout_s:.0f} s: {busy}")
+        time.sleep(0.25)
