@@ -100,9 +100,9 @@ def number(value: Any, what: str, *, integer: bool = False, minimum: float | Non
     return int(parsed) if integer else float(parsed)
 
 
-def logprob(value: Any, what: str, *, text: bool = False) -> float:
+def logprob(value: Any, what: str) -> float:
     """A log-probability: finite, in [LOGPROB_MIN, LOGPROB_MAX]."""
-    return number(value, what, minimum=LOGPROB_MIN, maximum=LOGPROB_MAX, text=text)
+    return number(value, what, minimum=LOGPROB_MIN, maximum=LOGPROB_MAX)
 
 
 def count(value: Any, what: str, *, maximum: float = MAX_TOKENS, text: bool = False) -> int:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
+import json.decoder
 import traceback
 from collections import defaultdict
 from dataclasses import replace
@@ -44,9 +44,6 @@ def ordered_active(ctx: EvalContext) -> list[str]:
     return sorted(names, key=lambda n: n != ctx.reference)
 
 
-_JSON_DECODER = os.path.join("json", "decoder.py")
-
-
 def is_server_failure(exc: BaseException) -> bool:
     """An error that says the server failed (as opposed to a bug in kvprobe or lm-eval)."""
     import aiohttp
@@ -63,7 +60,7 @@ def is_server_failure(exc: BaseException) -> bool:
     # raised inside json's decoder, still the body's fault. One raised anywhere else is a bug.
     if isinstance(exc, RecursionError):
         frames = traceback.walk_tb(exc.__traceback__)
-        return any(frame.f_code.co_filename.endswith(_JSON_DECODER) for frame, _ in frames)
+        return any(frame.f_code.co_filename == json.decoder.__file__ for frame, _ in frames)
     return isinstance(exc, RuntimeError) and "RemoteTokenizer" in str(exc)
 
 

@@ -223,7 +223,6 @@ def task_passages(task: str, limit: int | None = None, tasks_dir: Path = TASKS_D
     return out
 
 
-
 def check_logprobs(server: str, outputs: Any, ctxlens: list[int]) -> None:
     """Unreadable unless `outputs` has the shape lm-eval's parse_logprobs reads, with finite logprobs
     at the positions it sums (each choice's token_logprobs[ctxlen:-1])."""
