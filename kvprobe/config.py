@@ -24,14 +24,22 @@ class Bars(_Strict):
     """Acceptance bars, fixed before any number comes in; stored in the verdict."""
 
     perplexity_delta_max: float = Field(0.01, ge=0, description="relative perplexity rise, candidate vs reference")
-    needle_recall_drop_max: float = Field(0.0, ge=0, le=1, description="needle recall drop (absolute)")
+    needle_recall_drop_max: float = Field(
+        0.10, ge=0, le=1, description="needle recall drop (absolute). A pass needs about ln(0.025) / ln(1 - bar) "
+        "scored needles even when none is lost (35 for 0.10, 72 for 0.05): size needle.count with it. A bar of "
+        "0 can only fail or be inconclusive")
+    truncation_rise_max: float = Field(
+        0.10, ge=0, le=1, description="rise in the share of answers cut at the answer cap (needles and each "
+        "task), candidate vs reference on the same cases")
     capacity_gain_min: float = Field(0.05, ge=0, description="below this a candidate frees nothing")
     throughput_drop_max: float = Field(0.05, ge=0, le=1, description="relative output-token throughput drop")
     p99_latency_rise_max: float = Field(0.10, ge=0, description="relative p99 latency rise")
     kl_mean_max: float | None = Field(None, ge=0, description="optional bar on mean KL divergence (nats)")
     task_accuracy_drop_max: float | dict[str, float] = Field(
-        0.02, description="task accuracy drop (absolute, in the task's metric): one bar for every task, or "
-        "a table of task name -> bar, with `default` for the tasks it does not name")
+        0.10, description="task accuracy drop (absolute, in the task's metric): one bar for every task, or "
+        "a table of task name -> bar, with `default` for the tasks it does not name. As for needles, a 0/1 "
+        "score needs about ln(0.025) / ln(1 - bar) documents to pass (35 for 0.10, 72 for 0.05, 183 for "
+        "0.02); the shipped kvprobe_qa has 40")
     top1_agreement_min: float | None = Field(None, ge=0, le=1, description="optional bar on top-1 agreement")
 
 
@@ -93,8 +101,8 @@ class PerplexitySettings(_Strict):
     num_concurrent: int = Field(4, ge=2)
     prefill_chunk_tokens: int = Field(2048, ge=1, description="the servers' max_num_batched_tokens")
     reference_repeats: int = Field(2, ge=2, description="reference runs, for the noise floor")
-    bootstrap_resamples: int = Field(2000, ge=100)
-    seed: int = 0
+    bootstrap_resamples: int = Field(2000, ge=100, description="unused since rules/3 (t intervals); still read")
+    seed: int = Field(0, description="unused since rules/3; still read")
     passages: str | None = Field(None, description="your own passages: a JSONL file, one {\"text\": ...} per "
                                  "line (relative to servers.toml); scored instead of the shipped task")
     include_path: str | None = Field(None, description="your own lm-eval task folder; `task` names the task in it")
@@ -113,7 +121,8 @@ class AgreementSettings(_Strict):
 
 
 class NeedleSettings(_Strict):
-    count: int = Field(20, ge=1, description="needles per server; case i sits in grid cell i mod cells")
+    count: int = Field(40, ge=1, description="needles per server; case i sits in grid cell i mod cells. 40 lets "
+                       "the default 0.10 recall bar pass when no needle is lost (it needs 35)")
     lengths: list[int] | None = Field(None, description="prompt lengths in tokens (chat template included); "
                                       "default: spread from min_length to the largest that fits")
     depths: list[float] | None = Field(None, description="needle depths in [0, 1]; default 0, .25, .5, .75, 1")
@@ -156,8 +165,8 @@ class TasksSettings(_Strict):
                                    "(default: the task's first metric)")
     max_gen_toks: int = Field(1024, ge=1, description="answer cap for generate_until tasks, reasoning included")
     num_concurrent: int = Field(4, ge=1, description="requests in flight per server")
-    bootstrap_resamples: int = Field(2000, ge=100)
-    seed: int = 0
+    bootstrap_resamples: int = Field(2000, ge=100, description="unused since rules/3 (score intervals); still read")
+    seed: int = Field(0, description="unused since rules/3; still read")
 
     @field_validator("names")
     @classmethod

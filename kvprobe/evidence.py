@@ -38,11 +38,41 @@ def _servers_of(data: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in data.items() if isinstance(v, dict) and k not in ("pin", "settings", "bars")}
 
 
-def read_per_server(data: dict[str, Any]) -> dict[str, Any]:
-    """capacity, perplexity, agreement, fill: each server's scalars. Perplexity keeps delta, ci95, noise
-    and outcome (the probe's own call; the verdict re-derives it from ci95 and the bar); a server that
-    died filling its pool is `broken` through the run's broken events, and fill keeps its numbers."""
-    return {"servers": {name: _scalars(row) for name, row in _servers_of(data).items()}}
+def _numbers(value: Any) -> list[Any] | None:
+    """A list of numbers (None allowed), or of such lists: per-passage evidence the checks judge from."""
+    if not isinstance(value, list):
+        return None
+    if all(v is None or (isinstance(v, int | float) and not isinstance(v, bool)) for v in value):
+        return list(value)
+    if all(isinstance(v, list) for v in value):
+        rows = [_numbers(v) for v in value]
+        return rows if all(r is not None for r in rows) else None
+    return None
+
+
+def read_per_server(data: dict[str, Any], arrays: tuple[str, ...] = ()) -> dict[str, Any]:
+    """capacity, agreement, fill: each server's scalars, and the named per-unit arrays (a server that
+    died filling its pool is `broken` through the run's broken events, and fill keeps its numbers)."""
+    servers = {}
+    for name, row in _servers_of(data).items():
+        servers[name] = _scalars(row)
+        for key in arrays:
+            got = _numbers(row.get(key))
+            if got is not None:
+                servers[name][key] = got
+    return {"servers": servers}
+
+
+def read_perplexity(data: dict[str, Any]) -> dict[str, Any]:
+    """Per server its perplexities and, passage by passage, the loglikelihoods the check judges from
+    (the reference's repeated runs too); the unit the delta is on."""
+    out = read_per_server(data, ("passage_doc", "passage_ll", "passage_units", "repeat_ll"))
+    out["unit"] = data.get("unit") if isinstance(data.get("unit"), str) else "byte"
+    return out
+
+
+def read_agreement(data: dict[str, Any]) -> dict[str, Any]:
+    return read_per_server(data, ("passage_kl_sum", "passage_top1_sum", "passage_positions"))
 
 
 def read_capacity(data: dict[str, Any]) -> dict[str, Any]:
@@ -72,7 +102,11 @@ def read_needle(data: dict[str, Any]) -> dict[str, Any]:
             row["found_in"] = ",".join(map(str, row["found_in"]))
         cases.append(row)
     cases.sort(key=lambda c: (str(c["server"]), str(c.get("id"))))
-    return {"servers": {name: _scalars(row) for name, row in _servers_of(data).items()}, "cases": cases}
+    settings = data.get("settings") if isinstance(data.get("settings"), dict) else {}
+    cap = settings.get("max_tokens")
+    return {"servers": {name: _scalars(row) for name, row in _servers_of(data).items()
+                        if name not in ("settings", "heatmaps", "paired")},
+            "cases": cases, "cap": cap if isinstance(cap, int) else None}
 
 
 def read_load(data: dict[str, Any]) -> dict[str, Any]:
@@ -92,24 +126,32 @@ def read_load(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_tasks(data: dict[str, Any]) -> dict[str, Any]:
-    """Per task: its kind and metric, each server's accuracy and each candidate's paired drop (the
-    per-document scores stay in the events log and tasks.json's source events)."""
+    """Per task: its kind and metric, and per server its own score and every document as [doc, score,
+    cut at the cap]: the checks pair them with the reference's."""
     tasks: dict[str, Any] = {}
     for name, task in (data.get("tasks") or {}).items():
         if not isinstance(task, dict):
             continue
         servers = task.get("servers") if isinstance(task.get("servers"), dict) else {}
-        candidates = task.get("candidates") if isinstance(task.get("candidates"), dict) else {}
-        tasks[name] = {**_scalars(task),
-                       "servers": {k: _scalars(v) for k, v in servers.items() if isinstance(v, dict)},
-                       "candidates": {k: _scalars(v) for k, v in candidates.items() if isinstance(v, dict)}}
-    return {"tasks": tasks}
+        rows = {}
+        for server, row in servers.items():
+            if not isinstance(row, dict):
+                continue
+            rows[server] = _scalars(row)
+            docs = row.get("rows")
+            if isinstance(docs, list):
+                rows[server]["rows"] = [[r[0], r[1], bool(r[2])] for r in docs
+                                        if isinstance(r, list) and len(r) == 3
+                                        and all(isinstance(v, int | float) for v in r)]
+        tasks[name] = {**_scalars(task), "servers": rows}
+    cap = data.get("max_gen_toks")
+    return {"tasks": tasks, "cap": cap if isinstance(cap, int) else None}
 
 
 READERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "capacity": read_capacity,
-    "perplexity": read_per_server,
-    "agreement": read_per_server,
+    "perplexity": read_perplexity,
+    "agreement": read_agreement,
     "needle": read_needle,
     "tasks": read_tasks,
     "load": read_load,

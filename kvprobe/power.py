@@ -1,17 +1,20 @@
-"""How much a bar's result is worth: the smallest effect the run could detect, and the sample size
-that would decide a bar that came out inconclusive.
+"""What a check's result is worth, for the test kvprobe actually runs.
 
-A pass is only as good as the run's power: 20 needles that all match cannot tell a 10-point recall
-loss from none. TensorRT-LLM's accuracy tests print the same figure (accuracy_core.py: a
-one-sided test at alpha 0.05 with power 0.8, threshold = ref + z_a * sqrt(2 s^2 / n)); kvprobe's
-comparisons are paired, so the standard error is the one of the paired difference, read from
-the bar's own 95% interval (half-width / 1.96) unless the check knows it directly.
+A bar B is passed when the whole 95% interval of the loss is at or under B and failed when it is
+wholly over it: two one-sided tests at 2.5% against the bar, not against 0. With the interval's
+standard error se and its degrees of freedom, at power 0.8:
 
-- detectable: (z_{1-alpha} + z_{power}) * se: a true loss this large is caught (the interval
-  clears 0) 80% of the time at this run's size and spread;
-- needed (inconclusive only): the size at which, if the true value is where this run measured it,
-  the 95% interval clears the bar 80% of the time: n * ((z_{0.975} + z_{power}) * se / |estimate -
-  bar|)^2, rounded up. None when the estimate sits on the bar (no size decides it).
+- passes_at_most: B - (t_0.975 + t_0.8) x se. A true loss this small (or smaller) is passed 80% of
+  the time at this run's size and spread. Negative: even a candidate equal to the reference is
+  likely not to pass: the run is too small for the bar;
+- fails_at_least: B + (t_0.975 + t_0.8) x se. A true loss this large is failed 80% of the time;
+- needed (inconclusive checks only): a design figure, not "observed power": the size (passages,
+  needles, documents, runs) at which a candidate truly equal to the reference would pass every
+  gating check of its family together with power 0.8 (each at 0.8^(1/k) for k gating checks), at
+  the measured spread, with t for small sizes, and the range that figure spans over the spread's
+  own 95% interval when the spread comes from few units. Speed is sized on the log scale, where its
+  interval is built. A bar of 0 has no such size: non-inferiority with a zero margin can only fail
+  or be inconclusive.
 """
 
 from __future__ import annotations
@@ -19,49 +22,95 @@ from __future__ import annotations
 import math
 from typing import Any
 
-ALPHA = 0.05
+ALPHA = 0.025  # one-sided, against the bar: the 95% two-sided interval's end
 POWER = 0.8
-Z_ONE_SIDED = 1.6448536269514722  # z_{1 - alpha}
-Z_TWO_SIDED = 1.959963984540054  # z_{1 - alpha/2}: the 95% intervals the bars are judged on
-Z_POWER = 0.8416212335729143  # z_{power}
+MAX_NEEDED = 10_000_000
 
 
-def se_from_interval(lo: float, hi: float) -> float | None:
+def _t(p: float, df: float | None) -> float:
+    from kvprobe.stats import t_quantile
+
+    return t_quantile(p, df)
+
+
+def se_from_interval(lo: float, hi: float, df: float | None = None) -> float | None:
     if not (math.isfinite(lo) and math.isfinite(hi)) or hi < lo:
         return None
-    return (hi - lo) / (2 * Z_TWO_SIDED)
+    return (hi - lo) / (2 * _t(1 - ALPHA, df))
 
 
-def binary_se(n: int, ref_only: int, cand_only: int) -> float | None:
-    """The standard error of a paired 0/1 difference (discordant pairs b and c of n), with one
-    pseudo-pair on each side: with no discordant pair at all the plain estimate is 0, which would
-    claim that 20 matching needles rule out any loss."""
-    if n < 1:
-        return None
-    b, c, m = ref_only + 1, cand_only + 1, n + 2
-    var = (b + c) / m - ((b - c) / m) ** 2
-    return math.sqrt(max(var, 0.0) / m)
-
-
-def figures(n: int, unit: str, se: float | None, estimate: float | None, bar: float | None,
-            outcome: str) -> dict[str, Any]:
-    """The power block of one check, as verdict.json and the reports carry it."""
-    out: dict[str, Any] = {"n": n, "unit": unit, "alpha": ALPHA, "power": POWER, "se": se, "detectable": None,
-                           "needed": None}
-    if se is None:
+def figures(n: int, unit: str, se: float | None, df: float | None, bar: float | None) -> dict[str, Any]:
+    """The power block of one check (loss units: larger is worse), as verdict.json and reports carry it."""
+    out: dict[str, Any] = {"n": n, "unit": unit, "alpha_one_sided": ALPHA, "power": POWER, "se": se, "df": df,
+                           "passes_at_most": None, "fails_at_least": None, "needed": None}
+    if se is None or bar is None or not math.isfinite(se):
         return out
-    out["detectable"] = (Z_ONE_SIDED + Z_POWER) * se
-    if outcome == "inconclusive" and estimate is not None and bar is not None:
-        margin = abs(estimate - bar)
-        if margin > 0:
-            out["needed"] = max(n + 1, math.ceil(n * ((Z_TWO_SIDED + Z_POWER) * se / margin) ** 2))
+    k = (_t(1 - ALPHA, df) + _t(POWER, df)) * se
+    out["passes_at_most"] = bar - k
+    out["fails_at_least"] = bar + k
+    return out
+
+
+def _size_for(sd_unit: float, margin: float, power: float, df_of: Any) -> int | None:
+    """The smallest m with (t_(1-alpha) + t_power) x sd_unit / sqrt(m) <= margin."""
+    if margin <= 0 or sd_unit <= 0:
+        return None if margin <= 0 else 1
+    z = _t(1 - ALPHA, None) + _t(power, None)
+    m = max(2, math.ceil((z * sd_unit / margin) ** 2))
+    if m > MAX_NEEDED:
+        return None
+    while m < 1_000 and (_t(1 - ALPHA, df_of(m)) + _t(power, df_of(m))) * sd_unit / math.sqrt(m) > margin:
+        m += 1
+    return m
+
+
+def needed(block: dict[str, Any], bar: float | None, family: int, *, log_margin: float | None = None,
+           sd_df: float | None = None, df_of: Any = None) -> dict[str, Any] | None:
+    """`needed` for an inconclusive check: the size at which a candidate equal to the reference passes
+    all `family` gating checks with power 0.8, and its range over the spread's uncertainty.
+
+    `log_margin`: the bar on the log scale (speed: -ln(1 - drop bar), ln(1 + rise bar)), with se on
+    that scale; `sd_df`: the degrees of freedom of the spread estimate; `df_of(m)`: the interval's
+    degrees of freedom at size m (default m - 1)."""
+    se, n = block.get("se"), block.get("n") or 0
+    margin = log_margin if log_margin is not None else bar
+    if se is None or margin is None or n < 1 or not math.isfinite(se):
+        return None
+    if margin <= 0:
+        return {"needed": None, "why": "a bar of 0 can only fail or be inconclusive: no size passes it"}
+    power = POWER ** (1 / max(family, 1))
+    sd_unit = se * math.sqrt(n)
+    df_of = df_of or (lambda m: m - 1)
+    size = _size_for(sd_unit, margin, power, df_of)
+    out: dict[str, Any] = {"needed": size, "family": family, "power_each": power}
+    if size is None:
+        out["why"] = f"over {MAX_NEEDED:,} at this spread"
+        return out
+    if sd_df is not None and math.isfinite(sd_df) and sd_df >= 1:
+        from scipy import stats as st
+
+        lo = _size_for(sd_unit * math.sqrt(sd_df / st.chi2.ppf(0.975, sd_df)), margin, power, df_of)
+        hi = _size_for(sd_unit * math.sqrt(sd_df / st.chi2.ppf(0.025, sd_df)), margin, power, df_of)
+        out["range"] = [lo, hi]
     return out
 
 
 def advice(block: dict[str, Any] | None) -> str:
-    """One clause for a check's text: what would settle an inconclusive bar."""
-    if not block or block.get("se") is None:
+    """One clause for an inconclusive check's text: what would settle it."""
+    if not block:
         return ""
-    if block.get("needed") is None:
-        return "the estimate sits on the bar: no sample size settles it"
-    return f"about {block['needed']:,} {block['unit']} would settle it at this spread"
+    if block.get("client_limited"):
+        return "more runs do not help; a quieter client does"
+    if block.get("why"):
+        return block["why"]
+    size = block.get("needed")
+    if size is None:
+        return ""
+    unit = block.get("unit", "units")
+    span = block.get("range")
+    spread = ""
+    if span and span[0] is not None and span[1] is not None and span[0] != span[1]:
+        spread = f" ({span[0]:,}-{span[1]:,} over the spread's uncertainty)"
+    together = f", with its {block['family'] - 1} other gating checks" if block.get("family", 1) > 1 else ""
+    return (f"about {size:,} {unit}{spread} would let a candidate equal to the reference pass it{together}, "
+            "with power 0.8")

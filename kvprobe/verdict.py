@@ -22,28 +22,27 @@ probe that was not asked for (--probes), which the decisions list.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from kvprobe import __version__, power
-from kvprobe.checks import (
-    BOOTSTRAP,
-    agreement_checks,
-    capacity_of,
-    load_checks,
-    needle_check,
-    pct,
-    perplexity_check,
-    task_checks,
-)
+from kvprobe import __version__, rules_v2
+from kvprobe.checks import METHOD, capacity_of, judge, pct
 from kvprobe.config import Bars
 from kvprobe.errors import EXIT_BAR_FAILED, EXIT_BROKEN, EXIT_INVALID, EXIT_OK
 from kvprobe.evidence import gather
 from kvprobe.knob import DEFAULT as DEFAULT_KNOB
 from kvprobe.store import RunDir, dumps
 
-SCHEMA = "kvprobe.verdict/1"
+SCHEMA = "kvprobe.verdict/2"
 # 2: power figures on every measured check, and the task-accuracy bar.
-RULES = "kvprobe.rules/2"
+# 3: answers cut at the cap or failed are outcomes (scored as wrong, both-unanswered left out and counted),
+#    a bar on the rise in answers cut at the cap, a minimum share of scored pairs; Tango's score interval for
+#    paired 0/1 outcomes, t intervals over passages with the reference's run-to-run noise in the perplexity
+#    interval; power as passes_at_most / fails_at_least and a family-wide `needed`; stable check ids; a probe
+#    that cannot run on these servers is not_measured (schema 2: per-passage and per-document evidence).
+RULES = "kvprobe.rules/3"
+# Verdicts written under earlier rules are re-derived under their own (kvprobe verify).
+OLDER_RULES = {rules_v2.RULES: (rules_v2.SCHEMA, rules_v2.decide)}
 DECISIONS = ("invalid", "broken", "reject", "no_gain", "inconclusive", "adopt")
 INPUT_KEYS = ("reference", "order", "bars", "servers", "pin", "broken", "probes", "probes_status")
 DERIVED_KEYS = ("decisions", "recommendation", "exit_code")
@@ -73,8 +72,7 @@ def _decide_candidate(inputs: dict[str, Any], cand: str, bars: Bars) -> dict[str
         return base | {"decision": "invalid",
                        "reasons": [f"servers differ in more than the knob under test ({knob}): " + d["text"]
                                    for d in differences]}
-    checks = [perplexity_check(inputs, cand, bars), *agreement_checks(inputs, cand, bars),
-              needle_check(inputs, cand, bars), *task_checks(inputs, cand, bars), *load_checks(inputs, cand, bars)]
+    checks = judge(inputs, cand, bars)
     if server.get("status") not in (None, "ok"):
         return _broken(base, checks, f"{cand} could not serve ({server.get('status')}): "
                                      f"{server.get('error') or 'no detail'}")
@@ -118,6 +116,10 @@ def _decide_candidate(inputs: dict[str, Any], cand: str, bars: Bars) -> dict[str
         reasons = [f"gains: {capacity_text}", f"passes every bar ({len(checks)} checks)"]
     if decision != "adopt" and gain is not None and decision != "no_gain":
         reasons.append(capacity_text)
+    if decision in ("adopt", "inconclusive") and (inputs.get("probes_status") or {}).get("tasks") == "not run":
+        # A policy, said where it applies: adopt does not wait for task accuracy nobody asked for.
+        notes.append("task accuracy was not measured: the tasks probe is opt-in ([tasks] in servers.toml or "
+                     "--probes ...,tasks) and was not asked for")
     return base | {"decision": decision, "reasons": reasons + notes}
 
 
@@ -187,12 +189,7 @@ def build_verdict(run: RunDir) -> dict[str, Any]:
     verdict: dict[str, Any] = {
         "schema": SCHEMA,
         "rules": RULES,
-        "method": {"bootstrap": BOOTSTRAP, "speed_interval": "Welch t on log values over repeated runs, 95%",
-                   "interval_rule": "pass: whole interval within the bar; fail: whole interval beyond it; "
-                   "else inconclusive",
-                   "power": f"detectable = (z_(1-{power.ALPHA}) + z_{power.POWER}) x se of the paired difference; "
-                   "needed (inconclusive) = the size at which the 95% interval clears the bar with that power "
-                   "if the estimate holds"},
+        "method": METHOD,
         "kvprobe_version": __version__,
         "run": {"id": run.path.name, "started": meta.get("started"), "measured_by": meta.get("kvprobe_version"),
                 "probes_requested": meta.get("probes"), "resumed": meta.get("resumed") or [],
@@ -214,16 +211,34 @@ def write_verdict(run: RunDir) -> tuple[dict[str, Any], bytes]:
     return verdict, data
 
 
+def same(recorded: Any, current: Any) -> bool:
+    """Equal, numbers within 1e-9 relative: a verdict's last digits can differ between CPU kinds (vector
+    math in numpy and scipy), the decisions and their words cannot."""
+    if isinstance(recorded, dict) and isinstance(current, dict):
+        return recorded.keys() == current.keys() and all(same(recorded[k], current[k]) for k in recorded)
+    if isinstance(recorded, list) and isinstance(current, list):
+        return len(recorded) == len(current) and all(same(a, b) for a, b in zip(recorded, current, strict=True))
+    if isinstance(recorded, float) and isinstance(current, float):
+        return recorded == current or math.isclose(recorded, current, rel_tol=1e-9, abs_tol=1e-12)
+    return type(recorded) is type(current) and recorded == current
+
+
 def rederive(verdict: dict[str, Any]) -> list[str]:
-    """Differences between the verdict's recorded decisions and those its own numbers give now."""
-    if verdict.get("schema") != SCHEMA or verdict.get("rules") != RULES:
-        return [f"verdict schema {verdict.get('schema')!r} / rules {verdict.get('rules')!r} are not "
-                f"{SCHEMA} / {RULES}: this kvprobe cannot re-derive it"]
+    """Differences between the verdict's recorded decisions and those its own numbers give now, under
+    the rules it was written with."""
+    rules, schema = verdict.get("rules"), verdict.get("schema")
+    if rules == RULES and schema == SCHEMA:
+        decide_under = decide
+    elif rules in OLDER_RULES and OLDER_RULES[rules][0] == schema:
+        decide_under = OLDER_RULES[rules][1]
+    else:
+        known = ", ".join(sorted([f"{SCHEMA} / {RULES}", *(f"{s} / {r}" for r, (s, _) in OLDER_RULES.items())]))
+        return [f"verdict schema {schema!r} / rules {rules!r}: this kvprobe re-derives {known} only"]
     missing = [k for k in (*INPUT_KEYS, *DERIVED_KEYS) if k not in verdict]
     if missing:
         return [f"verdict lacks {', '.join(missing)}"]
     try:
-        again = decide({k: verdict[k] for k in INPUT_KEYS})
+        again = decide_under({k: verdict[k] for k in INPUT_KEYS})
     except (KeyError, TypeError, ValueError) as exc:
         return [f"the verdict's numbers cannot be decided again: {exc}"]
     problems = []
@@ -233,7 +248,7 @@ def rederive(verdict: dict[str, Any]) -> list[str]:
         if was.get("decision") != now.get("decision"):
             problems.append(f"{name}: recorded decision {was.get('decision')!r}, the numbers give "
                             f"{now.get('decision')!r}")
-        elif was != now:
+        elif not same(was, now):
             problems.append(f"{name}: recorded reasons or checks differ from what the numbers give")
     if verdict["recommendation"] != again["recommendation"]:
         problems.append(f"recommendation: recorded {verdict['recommendation'].get('server')!r}, the numbers give "

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from verdict_inputs import Measurements, load_cases, needle_cases
+from verdict_inputs import Measurements, agreement_rows, load_cases, needle_cases, perplexity_rows
 
 from kvprobe.verdict import build_verdict, rederive, verdict_bytes
 
@@ -37,25 +37,29 @@ def test_adopt_when_capacity_gains_and_every_bar_passes(tmp_path):
 
 def test_reject_on_perplexity_names_the_bar_and_by_how_much(tmp_path):
     m = Measurements()
-    m.perplexity["servers"]["cand"].update(delta=0.05, ci95=[0.03, 0.07])
+    m.perplexity["servers"]["cand"] = perplexity_rows(0.05, 0.005)
     v = verdict_of(m, tmp_path)
     assert decision(v) == "reject"
     reason = v["decisions"]["cand"]["reasons"][0]
-    assert "perplexity_delta_max" in reason and "+5.00%" in reason and "by at least 2.00%" in reason
+    assert "perplexity_delta_max" in reason and "perplexity delta +5.13%" in reason and "by at least" in reason
+    assert "over 16 passages" in reason and "reference deterministic: 16/16 passages bit-identical" in reason
     assert v["recommendation"]["server"] == "ref" and v["exit_code"] == 1
 
 
 def test_reject_on_needle_collapse_with_paired_counts(tmp_path):
     m = Measurements()
-    m.needle["cases"] = needle_cases("ref", 20) + needle_cases("cand", 2, truncated=5)
-    m.needle["servers"]["cand"].update(hit=2, miss=13, truncated=5, recall=0.1)
+    m.needle["cases"] = needle_cases("ref", 40) + needle_cases("cand", 2, truncated=5)
+    m.needle["servers"]["cand"].update(hit=2, miss=33, truncated=5, recall=2 / 35)
     v = verdict_of(m, tmp_path)
     assert decision(v) == "reject"
     check = next(c for c in v["decisions"]["cand"]["checks"] if c["bar"] == "needle_recall_drop_max")
-    # truncated answers are not retrieval failures: 15 answered pairs are scored, 5 reported apart
-    assert check["outcome"] == "fail" and check["value"] == pytest.approx(13 / 15)
-    assert check["ref_only"] == 13 and check["cand_only"] == 0 and check["pairs"] == 15
-    assert "2/15 vs reference 15/15" in check["text"] and "5 truncated" in check["text"]
+    # the cap is a budget both sides get: the 5 answers cut where the reference answered are losses
+    assert check["outcome"] == "fail" and check["value"] == pytest.approx(38 / 40)
+    assert check["lost"] == 38 and check["gained"] == 0 and check["pairs"] == 40 and check["scored"] == 40
+    assert "2/40 vs reference 40/40" in check["text"]
+    assert "cand ran past the 1024-token cap on 5 needles the reference answered within it" in check["text"]
+    cut = next(c for c in v["decisions"]["cand"]["checks"] if c["id"] == "needle.truncation_rise")
+    assert cut["value"] == pytest.approx(5 / 40) and cut["candidate_cut"] == 5 and cut["reference_cut"] == 0
 
 
 def test_reject_on_throughput_only_when_the_interval_clears_the_bar(tmp_path):
@@ -138,15 +142,14 @@ def test_capacity_gain_boundary_is_inclusive(tmp_path, tokens, expected):
     assert decision(verdict_of(m, tmp_path)) == expected
 
 
-@pytest.mark.parametrize(("ci", "expected"), [
-    ([0.0, 0.01], "pass"),            # upper end exactly on the bar: within it
-    ([0.009, 0.0101], "inconclusive"),  # straddles
-    ([0.01, 0.02], "inconclusive"),   # lower end on the bar: not clearly over it
-    ([0.0101, 0.02], "fail"),
+@pytest.mark.parametrize(("rise", "spread", "expected"), [
+    (0.001, 0.0005, "pass"),
+    (0.0095, 0.004, "inconclusive"),  # straddles the bar
+    (0.03, 0.002, "fail"),
 ])
-def test_perplexity_bar_boundaries(tmp_path, ci, expected):
+def test_perplexity_bar_outcomes(tmp_path, rise, spread, expected):
     m = Measurements()
-    m.perplexity["servers"]["cand"].update(delta=sum(ci) / 2, ci95=ci)
+    m.perplexity["servers"]["cand"] = perplexity_rows(rise, spread)
     v = verdict_of(m, tmp_path)
     assert outcomes(v, "perplexity_delta_max") == [expected]
     assert decision(v) == {"pass": "adopt", "inconclusive": "inconclusive", "fail": "reject"}[expected]
@@ -154,19 +157,33 @@ def test_perplexity_bar_boundaries(tmp_path, ci, expected):
 
 def test_inconclusive_quality_blocks_adopt_and_says_why(tmp_path):
     m = Measurements()
-    m.perplexity["servers"]["cand"].update(delta=0.008, ci95=[0.002, 0.015])
+    m.perplexity["servers"]["cand"] = perplexity_rows(0.008, 0.01)
     v = verdict_of(m, tmp_path)
     d = v["decisions"]["cand"]
     assert d["decision"] == "inconclusive"
-    assert any("straddles" in r for r in d["reasons"])
+    assert any("perplexity delta" in r and "to settle it: about" in r and "passages" in r for r in d["reasons"])
     assert v["exit_code"] == 1
 
 
-def test_one_lost_needle_with_a_zero_bar_is_inconclusive(tmp_path):
+def test_a_zero_needle_bar_can_never_pass(tmp_path):
     m = Measurements()
-    m.needle["cases"] = needle_cases("ref", 20) + needle_cases("cand", 19)
-    v = verdict_of(m, tmp_path)
+    m.bars["needle_recall_drop_max"] = 0.0
+    v = verdict_of(m, tmp_path, "none-lost")  # 40 of 40 on both: still not shown to lose nothing at all
     assert outcomes(v, "needle_recall_drop_max") == ["inconclusive"]
+    check = next(c for c in v["decisions"]["cand"]["checks"] if c["bar"] == "needle_recall_drop_max")
+    assert "a bar of 0 can only fail or be inconclusive" in check["text"]
+    m.needle["cases"] = needle_cases("ref", 40) + needle_cases("cand", 39)
+    assert outcomes(verdict_of(m, tmp_path, "one-lost"), "needle_recall_drop_max") == ["inconclusive"]
+
+
+def test_forty_matching_needles_pass_the_default_margin_but_not_twenty(tmp_path):
+    m = Measurements()
+    assert outcomes(verdict_of(m, tmp_path, "forty"), "needle_recall_drop_max") == ["pass"]
+    m.needle["cases"] = needle_cases("ref", 20, n=20) + needle_cases("cand", 20, n=20)
+    v = verdict_of(m, tmp_path, "twenty")
+    check = next(c for c in v["decisions"]["cand"]["checks"] if c["bar"] == "needle_recall_drop_max")
+    # 20 of 20 on both sides: the score interval is [-0.16, +0.16], wider than the 0.10 margin
+    assert check["outcome"] == "inconclusive" and check["interval"][1] == pytest.approx(0.161, abs=1e-3)
 
 
 def test_invalid_names_every_differing_field(tmp_path):
@@ -196,7 +213,7 @@ def test_a_candidate_that_fails_quality_then_crashes_is_broken_and_still_fails_t
     from kvprobe.report.tables import perplexity_table
 
     m = Measurements()
-    m.perplexity["servers"]["cand"].update(delta=0.19, ci95=[0.14, 0.24], outcome="fail")
+    m.perplexity["servers"]["cand"] = perplexity_rows(0.174, 0.02)
     m.load = None  # it died in the load probe, after perplexity
     m.broken_events.append(("cand", "cand: load: connection reset"))
     v = verdict_of(m, tmp_path)
@@ -205,8 +222,8 @@ def test_a_candidate_that_fails_quality_then_crashes_is_broken_and_still_fails_t
     assert d["reasons"][0] == "cand failed during a probe: cand: load: connection reset"
     assert outcomes(v, "perplexity_delta_max") == ["fail"]
     assert outcomes(v, "needle_recall_drop_max") == ["pass"]  # measured before the crash, and said
-    assert any(r.startswith("also fails perplexity_delta_max: perplexity delta +19.00%") for r in d["reasons"])
-    assert any(r.startswith("measured before it broke: needle recall 20/20") for r in d["reasons"])
+    assert any(r.startswith("also fails perplexity_delta_max: perplexity delta +19.01%") for r in d["reasons"])
+    assert any(r.startswith("measured before it broke: needle recall 40/40") for r in d["reasons"])
     assert not any("not measured" in r for r in d["reasons"])  # the probe it never reached is in checks only
     assert {c["outcome"] for c in d["checks"] if c["probe"] == "load"} == {"not_measured"}
     row = next(r for r in perplexity_table(v).rows if r[0] == "cand")
@@ -218,7 +235,7 @@ def test_a_candidate_broken_at_the_smoke_has_only_its_failure_as_reason(tmp_path
     m = Measurements()
     m.status["cand"] = ("broken", "cand: first-prefill smoke (4096 tokens) failed: HTTP 500")
     m.perplexity["servers"].pop("cand")
-    m.needle["cases"] = needle_cases("ref", 20)
+    m.needle["cases"] = needle_cases("ref", 40)
     m.needle["servers"].pop("cand")
     m.load["servers"].pop("cand")
     v = verdict_of(m, tmp_path)
@@ -232,8 +249,8 @@ def test_the_largest_adopted_capacity_wins_ties_go_to_config_order(tmp_path):
     m = Measurements()
     m.servers += [("big", "candidate", 400_000, "fp8"), ("big2", "candidate", 400_000, "fp8")]
     for name in ("big", "big2"):
-        m.perplexity["servers"][name] = dict(m.perplexity["servers"]["cand"])
-        m.needle["cases"] += needle_cases(name, 20)
+        m.perplexity["servers"][name] = perplexity_rows(0.001)
+        m.needle["cases"] += needle_cases(name, 40)
         m.load["servers"][name] = {"cases": load_cases([104, 105, 103, 104], [0.97, 0.98, 0.96, 0.97])}
     v = verdict_of(m, tmp_path)
     assert [decision(v, n) for n in ("cand", "big", "big2")] == ["adopt"] * 3
@@ -261,11 +278,12 @@ def test_a_probe_asked_for_that_left_no_results_fails_the_run(tmp_path):
 
 def test_optional_agreement_bars_apply_only_when_set(tmp_path):
     m = Measurements()
-    m.agreement["cand"]["kl_mean"] = 0.5
+    m.agreement["cand"] = agreement_rows(0.98, 0.5)
     assert decision(verdict_of(m, tmp_path, "a")) == "adopt"
     m.bars["kl_mean_max"] = 0.1
     v = verdict_of(m, tmp_path, "b")
-    assert decision(v) == "reject" and "mean KL divergence 0.5000" in v["decisions"]["cand"]["reasons"][0]
+    assert decision(v) == "reject" and "mean KL divergence 0.4981" in v["decisions"]["cand"]["reasons"][0]
+    assert "over 8 passages" in v["decisions"]["cand"]["reasons"][0]
 
 
 def test_same_directory_same_bytes(tmp_path):
@@ -276,14 +294,15 @@ def test_same_directory_same_bytes(tmp_path):
 def test_rederive_catches_an_edited_number(tmp_path):
     v = verdict_of(Measurements(), tmp_path)
     edited = orjson.loads(verdict_bytes(v))
-    edited["probes"]["perplexity"]["servers"]["cand"]["ci95"] = [0.02, 0.03]
+    edited["probes"]["perplexity"]["servers"]["cand"]["passage_ll"] = [
+        x - 30.0 for x in edited["probes"]["perplexity"]["servers"]["cand"]["passage_ll"]]
     problems = rederive(edited)
     assert problems and "cand: recorded decision 'adopt', the numbers give 'reject'" in problems[0]
 
 
 def test_rederive_catches_an_edited_decision(tmp_path):
     m = Measurements()
-    m.perplexity["servers"]["cand"].update(delta=0.05, ci95=[0.03, 0.07])
+    m.perplexity["servers"]["cand"] = perplexity_rows(0.05, 0.005)
     edited = orjson.loads(verdict_bytes(verdict_of(m, tmp_path)))
     edited["decisions"]["cand"]["decision"] = "adopt"
     assert any("recorded decision 'adopt', the numbers give 'reject'" in p for p in rederive(edited))
@@ -308,12 +327,16 @@ def test_load_cases_that_carry_their_repeats(tmp_path):
     assert "metrics" not in v["probes"]["load"]["servers"]["ref"]["cases"][0]["repeats"][0]
 
 
-def test_agreement_bars_use_the_probes_intervals(tmp_path):
+def test_agreement_bars_use_a_t_interval_over_passages(tmp_path):
     m = Measurements()
     m.bars["top1_agreement_min"] = 0.95
-    m.agreement["cand"].update(top1_agreement=0.96, top1_agreement_ci95=[0.93, 0.98])
+    m.agreement["cand"] = agreement_rows(0.955, 0.002)
     v = verdict_of(m, tmp_path, "straddle")
     assert outcomes(v, "top1_agreement_min") == ["inconclusive"]
-    m.agreement["cand"].update(top1_agreement=0.5, top1_agreement_ci95=[0.45, 0.55])
+    m.agreement["cand"] = agreement_rows(0.5, 0.002)
     v = verdict_of(m, tmp_path, "low")
     assert outcomes(v, "top1_agreement_min") == ["fail"] and decision(v) == "reject"
+    m.agreement["cand"] = agreement_rows(0.99, 0.002, n=4)  # 4 passages: a pass is not trusted
+    v = verdict_of(m, tmp_path, "few")
+    check = next(c for c in v["decisions"]["cand"]["checks"] if c["bar"] == "top1_agreement_min")
+    assert check["outcome"] == "inconclusive" and "4 passages: a pass needs at least 8" in check["text"]

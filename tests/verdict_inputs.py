@@ -8,9 +8,40 @@ from typing import Any
 
 from kvprobe.store import RunDir
 
-BARS = {"perplexity_delta_max": 0.01, "needle_recall_drop_max": 0.0, "capacity_gain_min": 0.05,
+BARS = {"perplexity_delta_max": 0.01, "needle_recall_drop_max": 0.10, "capacity_gain_min": 0.05,
         "throughput_drop_max": 0.05, "p99_latency_rise_max": 0.10, "kl_mean_max": None,
-        "top1_agreement_min": None}
+        "top1_agreement_min": None, "truncation_rise_max": 0.10}
+# A fixed pattern of per-passage spread (mean 0, sd about 1): deterministic, so every test's numbers are too.
+SPREAD = [0.9, -1.2, 0.3, 1.5, -0.4, -0.9, 1.1, -1.6, 0.2, 0.6, -0.3, 1.0, -0.8, 0.4, -1.0, 0.2]
+
+
+def perplexity_rows(rise: float, spread: float = 0.0005, n: int = 16, units: int = 1000) -> dict[str, Any]:
+    """A candidate's per-passage numbers whose NLL per unit is `rise` above the reference's on average,
+    `spread` apart passage to passage (perplexity.json's shape)."""
+    rises = [rise + spread * SPREAD[i % len(SPREAD)] for i in range(n)]
+    ref = reference_ll(n, units)
+    return {"bits_per_byte": 1.0 + rise, "word_perplexity": 20.0, "passage_doc": list(range(n)),
+            "passage_ll": [r - units * d for r, d in zip(ref, rises, strict=True)], "passage_units": [units] * n}
+
+
+def reference_ll(n: int = 16, units: int = 1000) -> list[float]:
+    return [-units * (0.7 + 0.01 * i) for i in range(n)]
+
+
+def perplexity_summary(cands: dict[str, dict[str, Any]], n: int = 16, repeats: list[list[float]] | None = None
+                       ) -> dict[str, Any]:
+    ref = {"bits_per_byte": 1.0, "word_perplexity": 20.0, "passage_doc": list(range(n)),
+           "passage_ll": reference_ll(n), "passage_units": [1000] * n,
+           "repeat_ll": repeats if repeats is not None else [reference_ll(n)]}
+    return {"reference": "ref", "unit": "byte", "servers": {"ref": ref, **cands}}
+
+
+def agreement_rows(top1: float, kl: float, n: int = 8, positions: int = 500) -> dict[str, Any]:
+    tops = [positions * min(1.0, top1 + 0.01 * SPREAD[i]) for i in range(n)]
+    kls = [positions * max(0.0, kl * (1 + 0.1 * SPREAD[i])) for i in range(n)]
+    return {"kl_mean": sum(kls) / (n * positions), "top1_agreement": sum(tops) / (n * positions),
+            "positions": n * positions, "passages": n, "passage_kl_sum": kls, "passage_top1_sum": tops,
+            "passage_positions": [positions] * n}
 
 
 def inventory(name: str, role: str, tokens: int, *, status: str = "ok", error: str | None = None,
@@ -26,7 +57,7 @@ def inventory(name: str, role: str, tokens: int, *, status: str = "ok", error: s
     }
 
 
-def needle_cases(server: str, hits: int, n: int = 20, truncated: int = 0) -> list[dict[str, Any]]:
+def needle_cases(server: str, hits: int, n: int = 40, truncated: int = 0) -> list[dict[str, Any]]:
     out = []
     for i in range(n):
         status = "hit" if i < hits else ("truncated" if i < hits + truncated else "miss")
@@ -53,18 +84,14 @@ class Measurements:
         self.broken_events: list[tuple[str, str]] = []
         self.knob = "kv_cache_dtype"
         self.memmap: dict[str, Any] | None = None  # capacity.json's memory map (model_config set)
-        self.perplexity: dict[str, Any] | None = {
-            "reference": "ref",
-            "servers": {"ref": {"bits_per_byte": 1.0, "word_perplexity": 20.0, "delta": 0.0, "ci95": [0.0, 0.0],
-                                "noise": 0.0005, "outcome": "pass"},
-                        "cand": {"bits_per_byte": 1.001, "word_perplexity": 20.02, "delta": 0.001,
-                                 "ci95": [-0.002, 0.004], "noise": 0.0005, "outcome": "pass"}}}
-        self.agreement: dict[str, Any] | None = {"cand": {"kl_mean": 0.002, "kl_p99": 0.02, "top1_agreement": 0.98}}
+        self.perplexity: dict[str, Any] | None = perplexity_summary({"cand": perplexity_rows(0.001)})
+        self.agreement: dict[str, Any] | None = {"cand": agreement_rows(0.98, 0.002)}
         self.needle: dict[str, Any] | None = {
             "reference": "ref",
-            "servers": {"ref": {"hit": 20, "miss": 0, "truncated": 0, "error": 0, "recall": 1.0},
-                        "cand": {"hit": 20, "miss": 0, "truncated": 0, "error": 0, "recall": 1.0}},
-            "cases": needle_cases("ref", 20) + needle_cases("cand", 20)}
+            "servers": {"ref": {"hit": 40, "miss": 0, "truncated": 0, "error": 0, "recall": 1.0},
+                        "cand": {"hit": 40, "miss": 0, "truncated": 0, "error": 0, "recall": 1.0}},
+            "cases": needle_cases("ref", 40) + needle_cases("cand", 40),
+            "settings": {"max_tokens": 1024}}
         self.load: dict[str, Any] | None = {
             "reference": "ref",
             "servers": {"ref": {"cases": load_cases([100, 101, 99, 100], [1.0, 1.01, 0.99, 1.0])},
@@ -106,16 +133,16 @@ class Measurements:
 
 
 def tasks_summary(ref_scores: list[float], cand_scores: list[float], *, task: str = "qa",
-                  truncated: tuple[int, ...] = ()) -> dict[str, Any]:
-    """tasks.json as the tasks probe writes it, from per-document scores (truncated: documents the
-    cap cut on the candidate), through the probe's own summarise."""
+                  truncated: tuple[int, ...] = (), ref_truncated: tuple[int, ...] = ()) -> dict[str, Any]:
+    """tasks.json as the tasks probe writes it, from per-document scores (truncated / ref_truncated:
+    documents the cap cut on the candidate / the reference), through the probe's own summarise."""
     from types import SimpleNamespace
 
     from kvprobe.probes.tasks import summarise
     from kvprobe.quality.task_eval import SampleRow, TaskInfo
 
     info = TaskInfo(task, "generate_until", "exact_match", True, len(ref_scores), "d")
-    rows = {("ref", task): [SampleRow(i, s) for i, s in enumerate(ref_scores)],
+    rows = {("ref", task): [SampleRow(i, s, truncated=i in ref_truncated) for i, s in enumerate(ref_scores)],
             ("cand", task): [SampleRow(i, s, truncated=i in truncated) for i, s in enumerate(cand_scores)]}
     settings = SimpleNamespace(bootstrap_resamples=2000, seed=0, max_gen_toks=1024, limit=None)
     return summarise("ref", ["ref", "cand"], [info], rows, settings, {})

@@ -12,11 +12,9 @@ import itertools
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
-import numpy as np
-
 from kvprobe.client import Generation
-from kvprobe.config import Bars, Slo
-from kvprobe.stats import Interval, Outcome, bar_outcome, loss_interval, percentiles, ratio_interval
+from kvprobe.config import Slo
+from kvprobe.stats import percentiles
 from kvprobe.untrusted import Unreadable, optional_count
 
 Status = Literal["ok", "incomplete", "error"]
@@ -164,54 +162,3 @@ def combine_repeats(runs: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any
         "prefix_cache_hit_rate": _mean(m.get("prefix_cache_hit_rate") for m in metrics),
         "repeats": list(runs),
     }
-
-
-def _ratio(ref: list[float], cand: list[float]) -> Interval | None:
-    ref = [x for x in ref if x is not None]
-    cand = [x for x in cand if x is not None]
-    if not ref or not cand or min(ref + cand) <= 0:
-        return None
-    return ratio_interval(ref, cand)  # infinite for one run each: no noise estimate
-
-
-def _check(iv: Interval | None, loss_of: Any, bar: float) -> dict[str, Any]:
-    if iv is None:
-        return {"ratio": None, "interval": None, "loss": None, "loss_interval": None, "outcome": "inconclusive",
-                "note": "not measured on both servers"}
-    loss = loss_interval(iv, loss_of)
-    finite = np.isfinite([iv.lo, iv.hi]).all()
-    out = {"ratio": _r(iv.estimate), "interval": [_r(iv.lo), _r(iv.hi)] if finite else None,
-           "loss": _r(loss.estimate), "loss_interval": [_r(loss.lo), _r(loss.hi)] if finite else None,
-           "outcome": bar_outcome(loss, bar) if finite else "inconclusive"}
-    if not finite:
-        out["note"] = "one run each: no interval (set load.repeats >= 2)"
-    return out
-
-
-def compare_case(ref: dict[str, Any], cand: dict[str, Any], bars: Bars) -> dict[str, Any]:
-    """Candidate vs reference on one case: throughput drop and p99 rises, each an interval over the
-    runs (stats.ratio_interval: runs of two servers are independent, and few) against its bar; `fail` only
-    when the whole interval is past the bar, `inconclusive` when it straddles."""
-    def samples(case: dict[str, Any], key: str) -> list[float]:
-        return [r[key] for r in case.get("repeats") or [] if r.get(key) is not None]
-
-    out: dict[str, Any] = {
-        "throughput": _check(_ratio(samples(ref, "output_tokens_per_s"), samples(cand, "output_tokens_per_s")),
-                             lambda r: 1 - r, bars.throughput_drop_max)
-        | {"bar": "throughput_drop_max", "limit": bars.throughput_drop_max},
-    }
-    for key, _label in P99_KEYS:
-        out[key] = _check(_ratio(samples(ref, key), samples(cand, key)),
-                          lambda r: r - 1, bars.p99_latency_rise_max) \
-            | {"bar": "p99_latency_rise_max", "limit": bars.p99_latency_rise_max}
-    return out
-
-
-def worst(outcomes: Iterable[Outcome]) -> Outcome:
-    """fail beats inconclusive beats pass (an empty set is inconclusive: nothing was shown)."""
-    seen = set(outcomes)
-    if "fail" in seen:
-        return "fail"
-    if "inconclusive" in seen or not seen:
-        return "inconclusive"
-    return "pass"

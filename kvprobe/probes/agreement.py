@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,7 +27,6 @@ from kvprobe.probes.perplexity import is_server_failure, one_line, ordered_activ
 from kvprobe.quality.divergence import Comparison, TopK, compare, parse_prompt_logprobs
 from kvprobe.quality.own_data import task_source
 from kvprobe.quality.passages import split_ids
-from kvprobe.stats import Interval, bar_outcome, paired_bootstrap
 
 if TYPE_CHECKING:
     from kvprobe.client import Client
@@ -54,49 +54,29 @@ async def fetch_positions(client: Client, prefix: int, ids: list[int], max_model
     return positions
 
 
-def summarise_server(per_doc: list[Comparison], *, resamples: int = 2000, seed: int = 0) -> dict[str, Any]:
-    """Pooled over every position of every passage; intervals from a bootstrap over passages."""
+def summarise_server(per_doc: list[Comparison]) -> dict[str, Any]:
+    """Pooled over every position of every passage, and per passage the sums the checks judge from
+    (kvprobe.checks.quality: a ratio of sums over passages with a t interval)."""
     kl = np.concatenate([np.asarray(c.kl, float) for c in per_doc]) if per_doc else np.zeros(0)
     top1 = np.concatenate([np.asarray(c.top1, float) for c in per_doc]) if per_doc else np.zeros(0)
     diff = np.concatenate([np.asarray(c.diff, float) for c in per_doc]) if per_doc else np.zeros(0)
     if kl.size == 0:
         return {"positions": 0, "passages": len(per_doc)}
-    counts = [c.positions for c in per_doc]
-
-    def pooled(values: list[float]) -> Interval:
-        # A passage is a pair (sum over its positions, its position count): a ratio of sums per resample.
-        return paired_bootstrap(values, counts, lambda s, n: s.sum(axis=-1) / n.sum(axis=-1),
-                                resamples=resamples, seed=seed)
-
-    kl_ci = pooled([float(np.sum(c.kl)) for c in per_doc])
-    top1_ci = pooled([float(np.sum(c.top1)) for c in per_doc])
     return {
         "kl_mean": float(kl.mean()),
-        "kl_mean_ci95": kl_ci.as_list(),
         "kl_median": float(np.median(kl)),
         "kl_p99": float(np.percentile(kl, 99)),
         "kl_max": float(kl.max()),
         "top1_agreement": float(top1.mean()),
-        "top1_agreement_ci95": top1_ci.as_list(),
         "logprob_diff_median": float(np.median(diff)),
         "logprob_diff_p99": float(np.percentile(diff, 99)),
         "logprob_diff_max": float(diff.max()),
         "positions": int(kl.size),
         "passages": len(per_doc),
+        "passage_kl_sum": [math.fsum(c.kl) for c in per_doc],
+        "passage_top1_sum": [float(sum(c.top1)) for c in per_doc],
+        "passage_positions": [c.positions for c in per_doc],
     }
-
-
-def outcomes(entry: dict[str, Any], kl_mean_max: float | None, top1_min: float | None) -> dict[str, str] | None:
-    """Outcomes against the optional bars (kvprobe.stats.bar_outcome, on the intervals)."""
-    out: dict[str, str] = {}
-    if kl_mean_max is not None and "kl_mean_ci95" in entry:
-        lo, hi = entry["kl_mean_ci95"]
-        out["kl_mean"] = bar_outcome(Interval(entry["kl_mean"], lo, hi), kl_mean_max)
-    if top1_min is not None and "top1_agreement_ci95" in entry:
-        lo, hi = entry["top1_agreement_ci95"]
-        out["top1_agreement"] = bar_outcome(Interval(entry["top1_agreement"], lo, hi), top1_min,
-                                            larger_is_worse=False)
-    return out or None
 
 
 def _key(top_k: int, max_tokens: int, max_model_len: int, prefix: int, ids: list[list[int]]) -> str:
@@ -193,15 +173,13 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
         if pending and await reference_pass():
             await asyncio.gather(*(server_job(n) for n in compared))
 
-    bars = ctx.config.bars
     summary: dict[str, Any] = {}
     for name in compared:
         per_doc = [done[(name, d)] for d in range(len(ids)) if (name, d) in done]
         entry = summarise_server(per_doc)
         entry.update(reference=ref, self=name == ref, top_k=settings.top_k,
                      tokens=sum(len(ids[d]) for d in range(len(ids)) if (name, d) in done),
-                     passages_total=len(ids),
-                     outcome=outcomes(entry, bars.kl_mean_max, bars.top1_agreement_min))
+                     passages_total=len(ids))
         if name in ctx.broken:
             entry["error"] = ctx.broken[name]
         summary[name] = entry

@@ -30,7 +30,7 @@ from kvprobe.load.client_load import limited
 from kvprobe.load.generator import CaseOutcome, CaseRunner
 from kvprobe.load.processes import START_DELAY_S, ShardJob, Workers, merge_client, processes_for, read_rows
 from kvprobe.load.sampler import MetricsSampler
-from kvprobe.load.stats import P99_KEYS, combine_repeats, compare_case, summarize_run, worst
+from kvprobe.load.stats import combine_repeats, summarize_run
 from kvprobe.load.workload import (
     DEFAULT_CHARS_PER_TOKEN,
     Shape,
@@ -274,7 +274,7 @@ def build_summary(ctx: EvalContext, digest: str, servers: list[str]) -> dict[str
         grouped[(e["server"], e["shape"], e["agents"])].append(e)
     shape_order = [s.name for s in shapes_of(ctx.config.load)]
     names = list(servers) + sorted({e["server"] for e in cases} - set(servers))
-    out: dict[str, Any] = {"reference": ctx.reference, "servers": {}, "comparisons": {},
+    out: dict[str, Any] = {"reference": ctx.reference, "servers": {},
                            "settings": ctx.config.load.model_dump(mode="json"), "digest": digest}
     for name in names:
         entries = []
@@ -289,22 +289,6 @@ def build_summary(ctx: EvalContext, digest: str, servers: list[str]) -> dict[str
             entries.append(_case_entry(shape_info, key[2], events, case_rows, ctx))
         prefix = next((e.get("prefix_cache") for e in reversed(cases) if e["server"] == name), None)
         out["servers"][name] = {"cases": entries, "broken": ctx.broken.get(name), "prefix_cache": prefix}
-    ref_cases = {(c["shape"], c["agents"]): c for c in out["servers"].get(ctx.reference, {}).get("cases", [])}
-    for name in names:
-        if name == ctx.reference:
-            continue
-        comp_cases = []
-        for case in out["servers"][name]["cases"]:
-            ref = ref_cases.get((case["shape"], case["agents"]))
-            if ref is None:
-                continue
-            comp_cases.append({"shape": case["shape"], "agents": case["agents"],
-                               **compare_case(ref, case, ctx.config.bars)})
-        out["comparisons"][name] = {
-            "cases": comp_cases,
-            "throughput": worst(c["throughput"]["outcome"] for c in comp_cases),
-            "p99_latency": worst(c[k]["outcome"] for c in comp_cases for k, _ in P99_KEYS),
-        }
     return out
 
 

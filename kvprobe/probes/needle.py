@@ -153,10 +153,8 @@ def summarise(ctx: EvalContext, plan_id: str, meta: dict[str, Any]) -> dict[str,
         "reference": ref,
         "servers": {name: server_summary(rows.values()) for name, rows in by_server.items()},
         "cases": [{k: c.get(k) for k in CASE_FIELDS} for c in cases],
-        "paired": {
-            name: paired(by_server[ref], rows, bar=ctx.config.bars.needle_recall_drop_max, seed=settings.seed)
-            for name, rows in by_server.items() if name != ref and ref in by_server
-        },
+        "paired": {name: paired(by_server[ref], rows) for name, rows in by_server.items()
+                   if name != ref and ref in by_server},
         "plan": plan_id,
         "settings": {**settings.model_dump(mode="json"), **meta},
         "heatmaps": {},

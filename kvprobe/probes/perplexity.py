@@ -2,9 +2,9 @@
 
 Every active server scores the task's passages through lm-eval (kvprobe.quality.lmeval), side by side, one
 thread per server, with identical settings. The reference runs `reference_repeats` times: its
-run-to-run delta is the noise floor printed next to each candidate's delta. The delta is the
-relative perplexity rise (unit: bytes by default) with a paired bootstrap 95% interval over
-documents; the outcome follows kvprobe.stats.bar_outcome against `perplexity_delta_max`.
+run-to-run delta is the noise floor. The probe records every passage's loglikelihood on every
+server; the check (kvprobe.checks.quality) judges the relative perplexity rise (unit: bytes by
+default) with a t interval over passages against `perplexity_delta_max`.
 
 Events: perplexity_plan (passages, tokens, windows, chunk crossing), perplexity_doc (one row per
 server, repeat and document), perplexity_run (a finished lm-eval run). A rerun into the same
@@ -30,8 +30,7 @@ from kvprobe.disk import is_disk_error
 from kvprobe.errors import ServerError
 from kvprobe.quality.own_data import task_source
 from kvprobe.quality.passages import PassagePlan, plan_passage
-from kvprobe.quality.perplexity_stats import DocRow, perplexities, relative_delta
-from kvprobe.stats import Interval, bar_outcome
+from kvprobe.quality.perplexity_stats import UNIT_FIELD, DocRow, perplexities
 
 if TYPE_CHECKING:
     from kvprobe.evaluation import EvalContext
@@ -281,37 +280,25 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
 
 def summarise(ref: str, names: list[str], rows: dict[tuple[str, int], list[DocRow]], plans: list[PassagePlan],
               settings: Any, bar: float, broken: dict[str, str]) -> dict[str, Any]:
-    """perplexity.json: per server the perplexities, the delta vs the reference with its interval,
-    the reference's own run-to-run delta (noise) and the outcome against the bar."""
+    """perplexity.json: per server its perplexities and, passage by passage, what the checks judge
+    from (kvprobe.checks.quality): the loglikelihood, the unit count the delta is on and, for the
+    reference, its repeated runs' loglikelihoods (the run-to-run noise). Nothing is judged here."""
     unit = settings.delta_unit
-    boot = {"resamples": settings.bootstrap_resamples, "seed": settings.seed}
-    ref_rows = rows.get((ref, 1))
-    noise_runs: list[Interval] = []
-    if ref_rows:
-        for repeat in range(2, settings.reference_repeats + 1):
-            if (ref, repeat) in rows:
-                noise_runs.append(relative_delta(ref_rows, rows[(ref, repeat)], unit, **boot))
-    noise = max((abs(i.estimate) for i in noise_runs), default=None)
+    field = UNIT_FIELD[unit]
     servers: dict[str, Any] = {}
     for name in names:
         own = rows.get((name, 1))
         if own is None:
-            servers[name] = {"error": broken.get(name, "not measured"), "outcome": None}
+            servers[name] = {"error": broken.get(name, "not measured")}
             continue
         entry: dict[str, Any] = perplexities(own)
         entry["role"] = "reference" if name == ref else "candidate"
-        interval: Interval | None
+        entry.update(passage_doc=[r.index for r in own], passage_ll=[r.loglikelihood for r in own],
+                     passage_units=[getattr(r, field) for r in own])
         if name == ref:
-            interval = noise_runs[0] if noise_runs else None
-        else:
-            interval = relative_delta(ref_rows, own, unit, **boot) if ref_rows else None
-        entry.update(
-            delta=interval.estimate if interval else None,
-            ci95=interval.as_list() if interval else None,
-            noise=noise,
-            noise_ci95=noise_runs[0].as_list() if noise_runs else None,
-            outcome=bar_outcome(interval, bar) if interval else None,
-        )
+            by_doc = [{r.index: r.loglikelihood for r in rows[(ref, k)]}
+                      for k in range(2, settings.reference_repeats + 1) if (ref, k) in rows]
+            entry["repeat_ll"] = [[again.get(r.index) for r in own] for again in by_doc]
         if name in broken:
             entry["error"] = broken[name]
         servers[name] = entry

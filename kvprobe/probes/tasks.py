@@ -3,9 +3,9 @@
 Each task in [tasks] names runs through lm-eval on every active server side by side, with identical
 requests (kvprobe.quality.task_eval). Every document's score is an event as soon as its server's
 run ends; a rerun into the same directory skips each (server, task) whose run is recorded with the
-same settings and documents. Per candidate and task, the drop vs the reference on the documents
-both answered within the cap, with a paired bootstrap interval and McNemar's p
-(kvprobe.quality.task_stats); the bar is `task_accuracy_drop_max`, applied in the verdict.
+same settings and documents. tasks.json keeps every document's score and whether the cap cut it;
+the checks (kvprobe.checks.answers) pair them with the reference's against `task_accuracy_drop_max`
+and `truncation_rise_max`.
 
 Events: tasks_plan (each task's kind, metric and documents), tasks_sample (one row per server,
 task and document), tasks_run (a finished lm-eval run). Writes tasks.json.
@@ -26,7 +26,7 @@ from kvprobe.evaluation import EvalContext
 from kvprobe.probes.perplexity import is_server_failure, one_line, ordered_active, targets_for
 from kvprobe.quality import lmeval
 from kvprobe.quality.task_eval import SampleRow, TaskInfo, evaluate_task, load_task
-from kvprobe.quality.task_stats import accuracy, paired_drop
+from kvprobe.quality.task_stats import accuracy
 
 
 def settings_key(info: TaskInfo, limit: int | None, max_gen_toks: int, max_length: int) -> str:
@@ -62,25 +62,21 @@ async def _targets(ctx: EvalContext, names: list[str], infos: list[TaskInfo], ma
 
 def summarise(ref: str, names: list[str], infos: list[TaskInfo], rows: dict[tuple[str, str], list[SampleRow]],
               settings: Any, broken: dict[str, str]) -> dict[str, Any]:
+    """tasks.json: per task and server its own score and, document by document, [doc, score, cut at
+    the cap]: the checks (kvprobe.checks.answers) pair these with the reference's and judge."""
     tasks: dict[str, Any] = {}
     for info in infos:
         servers: dict[str, Any] = {}
         for name in names:
             own = rows.get((name, info.name))
-            servers[name] = accuracy(own) if own is not None else {"error": broken.get(name, "not measured")}
-        candidates: dict[str, Any] = {}
-        ref_rows = rows.get((ref, info.name))
-        for name in names:
-            own = rows.get((name, info.name))
-            if name == ref or own is None or ref_rows is None:
+            if own is None:
+                servers[name] = {"error": broken.get(name, "not measured")}
                 continue
-            candidates[name] = paired_drop(ref_rows, own, higher_is_better=info.higher_is_better,
-                                           resamples=settings.bootstrap_resamples, seed=settings.seed)
+            servers[name] = accuracy(own) | {"rows": [[r.doc, r.score, r.truncated] for r in own]}
         tasks[info.name] = {"output_type": info.output_type, "metric": info.metric,
                             "higher_is_better": info.higher_is_better, "documents": info.documents,
-                            "servers": servers, "candidates": candidates}
-    return {"reference": ref, "max_gen_toks": settings.max_gen_toks, "limit": settings.limit,
-            "bootstrap": {"resamples": settings.bootstrap_resamples, "seed": settings.seed}, "tasks": tasks}
+                            "servers": servers}
+    return {"reference": ref, "max_gen_toks": settings.max_gen_toks, "limit": settings.limit, "tasks": tasks}
 
 
 async def run(ctx: EvalContext) -> dict[str, Any]:

@@ -1,20 +1,103 @@
-"""The checks behind the verdict: one function per bar, each turning recorded numbers into a pass,
-fail, inconclusive or not_measured with its words and, where the numbers allow, its power figures
-(kvprobe.power): the smallest effect the run could detect and the size that would settle it.
+"""kvprobe.rules/2, frozen: the checks and decisions of verdicts written before rules/3.
 
-Pure functions of the verdict's inputs: `kvprobe verify` runs them again on a signed verdict.
+`kvprobe verify` re-derives a verdict under the rules it was written with; this module is those
+rules exactly as they were (percentile bootstrap on paired outcomes, truncated cases left out of the
+pairing, power as "detectable" and "needed"). Do not edit it to change behaviour: a new rule is a
+new rules version in kvprobe.checks and kvprobe.verdict. Its tests re-derive real rules/2 verdicts
+(tests/fixtures/runs/) byte for byte.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
-from kvprobe import power
-from kvprobe.config import Bars
-from kvprobe.load.stats import P99_KEYS
+from kvprobe.errors import EXIT_BAR_FAILED, EXIT_BROKEN, EXIT_INVALID, EXIT_OK
 from kvprobe.stats import Interval, bar_outcome, log_ratio_se, loss_interval, paired_bootstrap, ratio_interval
+
+RULES = "kvprobe.rules/2"
+SCHEMA = "kvprobe.verdict/1"
+DEFAULT_KNOB = "kv_cache_dtype"
+P99_KEYS = (("ttft_p99_s", "TTFT p99"), ("itl_p99_s", "ITL p99"), ("e2e_p99_s", "E2E p99"))
+CPU_LIMIT = 0.9
+
+
+@dataclass(frozen=True)
+class _Bars:
+    """The bars as a rules/2 verdict recorded them (every field present)."""
+
+    perplexity_delta_max: float = 0.01
+    needle_recall_drop_max: float = 0.0
+    capacity_gain_min: float = 0.05
+    throughput_drop_max: float = 0.05
+    p99_latency_rise_max: float = 0.10
+    kl_mean_max: float | None = None
+    task_accuracy_drop_max: float | dict[str, float] = 0.02
+    top1_agreement_min: float | None = None
+
+    def task_bar(self, task: str) -> float | None:
+        bar = self.task_accuracy_drop_max
+        return bar if not isinstance(bar, dict) else bar.get(task, bar.get("default"))
+
+
+def _bars(data: dict[str, Any]) -> _Bars:
+    known = set(_Bars.__dataclass_fields__)
+    return _Bars(**{k: v for k, v in data.items() if k in known})
+
+
+# -- power (rules/2) ----------------------------------------------------------------------
+ALPHA = 0.05
+POWER = 0.8
+Z_ONE_SIDED = 1.6448536269514722  # z_{1 - alpha}
+Z_TWO_SIDED = 1.959963984540054  # z_{1 - alpha/2}: the 95% intervals the bars are judged on
+Z_POWER = 0.8416212335729143  # z_{power}
+
+
+def se_from_interval(lo: float, hi: float) -> float | None:
+    if not (math.isfinite(lo) and math.isfinite(hi)) or hi < lo:
+        return None
+    return (hi - lo) / (2 * Z_TWO_SIDED)
+
+
+def binary_se(n: int, ref_only: int, cand_only: int) -> float | None:
+    """The standard error of a paired 0/1 difference (discordant pairs b and c of n), with one
+    pseudo-pair on each side: with no discordant pair at all the plain estimate is 0, which would
+    claim that 20 matching needles rule out any loss."""
+    if n < 1:
+        return None
+    b, c, m = ref_only + 1, cand_only + 1, n + 2
+    var = (b + c) / m - ((b - c) / m) ** 2
+    return math.sqrt(max(var, 0.0) / m)
+
+
+def figures(n: int, unit: str, se: float | None, estimate: float | None, bar: float | None,
+            outcome: str) -> dict[str, Any]:
+    """The power block of one check, as verdict.json and the reports carry it."""
+    out: dict[str, Any] = {"n": n, "unit": unit, "alpha": ALPHA, "power": POWER, "se": se, "detectable": None,
+                           "needed": None}
+    if se is None:
+        return out
+    out["detectable"] = (Z_ONE_SIDED + Z_POWER) * se
+    if outcome == "inconclusive" and estimate is not None and bar is not None:
+        margin = abs(estimate - bar)
+        if margin > 0:
+            out["needed"] = max(n + 1, math.ceil(n * ((Z_TWO_SIDED + Z_POWER) * se / margin) ** 2))
+    return out
+
+
+def advice(block: dict[str, Any] | None) -> str:
+    """One clause for a check's text: what would settle an inconclusive bar."""
+    if not block or block.get("se") is None:
+        return ""
+    if block.get("needed") is None:
+        return "the estimate sits on the bar: no sample size settles it"
+    return f"about {block['needed']:,} {block['unit']} would settle it at this spread"
+
+
+# -- checks (rules/2) ---------------------------------------------------------------------
 
 BOOTSTRAP = {"resamples": 2000, "seed": 0, "level": 0.95}
 
@@ -50,22 +133,22 @@ def _with_power(check: dict[str, Any], n: int, unit: str, se: float | None) -> d
     """The check with its power figures, and for an inconclusive one what would settle it in its text."""
     if check["outcome"] == "not_measured":
         return check
-    block = power.figures(n, unit, se, check["value"], check["limit"], check["outcome"]) if n >= 1 else None
+    block = figures(n, unit, se, check["value"], check["limit"], check["outcome"]) if n >= 1 else None
     if block is not None:
         check["power"] = block
     if check["outcome"] == "inconclusive" and check.get("interval") is not None:
-        advice = power.advice(block)
-        check["text"] += " (the interval straddles the bar" + (f": {advice})" if advice else ")")
+        said = advice(block)
+        check["text"] += " (the interval straddles the bar" + (f": {said})" if said else ")")
     return check
 
 
 def _interval_se(ci: Any) -> float | None:
-    return power.se_from_interval(ci[0], ci[1]) if isinstance(ci, list) and len(ci) == 2 and None not in ci else None
+    return se_from_interval(ci[0], ci[1]) if isinstance(ci, list) and len(ci) == 2 and None not in ci else None
 
 
 # -- checks, one function per bar ----------------------------------------------------------------
 
-def perplexity_check(inputs: dict[str, Any], cand: str, bars: Bars) -> dict[str, Any]:
+def perplexity_check(inputs: dict[str, Any], cand: str, bars: _Bars) -> dict[str, Any]:
     bar, metric, limit = "perplexity_delta_max", "perplexity delta", bars.perplexity_delta_max
     probe = inputs["probes"].get("perplexity")
     if probe is None:
@@ -112,7 +195,7 @@ def _needle_pairs(cases: list[dict[str, Any]], ref: str, cand: str) -> tuple[lis
     return r_hit, c_hit, stats
 
 
-def needle_check(inputs: dict[str, Any], cand: str, bars: Bars) -> dict[str, Any]:
+def needle_check(inputs: dict[str, Any], cand: str, bars: _Bars) -> dict[str, Any]:
     """Recall drop vs the reference over the cases both answered (paired), with a paired bootstrap
     interval; cases truncated at the cap or failed on either side are reported, not scored."""
     bar, metric, limit = "needle_recall_drop_max", "needle recall drop", bars.needle_recall_drop_max
@@ -133,7 +216,7 @@ def needle_check(inputs: dict[str, Any], cand: str, bars: Bars) -> dict[str, Any
         text += ")"
         check = _check(bar, metric, "needle", outcome, text, value=iv.estimate, interval=iv.as_list(),
                        limit=limit, pairs=n, ref_only=st["ref_only"], cand_only=st["cand_only"])
-        return _with_power(check, n, "needles", power.binary_se(n, st["ref_only"], st["cand_only"]))
+        return _with_power(check, n, "needles", binary_se(n, st["ref_only"], st["cand_only"]))
     rows = probe.get("servers") or {}
     r_rec, c_rec = (rows.get(ref) or {}).get("recall"), (rows.get(cand) or {}).get("recall")
     if r_rec is None or c_rec is None:
@@ -145,7 +228,7 @@ def needle_check(inputs: dict[str, Any], cand: str, bars: Bars) -> dict[str, Any
                   f"point estimate) vs bar {limit:.2f}: {outcome}", value=drop, limit=limit)
 
 
-def agreement_checks(inputs: dict[str, Any], cand: str, bars: Bars) -> list[dict[str, Any]]:
+def agreement_checks(inputs: dict[str, Any], cand: str, bars: _Bars) -> list[dict[str, Any]]:
     """Optional bars (unset by default): mean KL divergence and top-1 agreement. With the probe's
     bootstrap interval (over passages) the interval rule applies; without one, the point value."""
     out = []
@@ -233,7 +316,7 @@ def _ratio_check(bar: str, metric: str, case: str, ref: list[float], cand: list[
     return _with_power(check, min(len(ref), len(cand)), "runs", iv.estimate * se if se is not None else None)
 
 
-def load_checks(inputs: dict[str, Any], cand: str, bars: Bars) -> list[dict[str, Any]]:
+def load_checks(inputs: dict[str, Any], cand: str, bars: _Bars) -> list[dict[str, Any]]:
     """Per load case: output-token throughput drop and p99 latency rises (TTFT, ITL, E2E) vs the
     reference, each with a Welch t interval over the case's repeated runs (stats.ratio_interval)."""
     probe = inputs["probes"].get("load")
@@ -288,11 +371,9 @@ def load_checks(inputs: dict[str, Any], cand: str, bars: Bars) -> list[dict[str,
     return out
 
 
-def _client_limited(groups: dict[str, list[dict[str, Any]]], bars: Bars) -> str | None:
+def _client_limited(groups: dict[str, list[dict[str, Any]]], bars: _Bars) -> str | None:
     """The first run of this case, on either server, whose client could have moved a p99 by more than
     a tenth of the bar (kvprobe.load.client_load.limited, on the recorded client figures)."""
-    from kvprobe.load.client_load import limited
-
     for name, cases in groups.items():
         for run in (r for case in cases for r in (case.get("repeats") or [case])):
             if not any(k.startswith("client_") and k != "client_limited_why" for k in run):
@@ -321,7 +402,7 @@ def capacity_of(inputs: dict[str, Any], name: str) -> int | None:
     return int(tokens) if isinstance(tokens, int | float) else None
 
 
-def task_checks(inputs: dict[str, Any], cand: str, bars: Bars) -> list[dict[str, Any]]:
+def task_checks(inputs: dict[str, Any], cand: str, bars: _Bars) -> list[dict[str, Any]]:
     """One check per task: the candidate's accuracy drop vs the reference on the documents both
     answered within the cap (the tasks probe's paired bootstrap interval), against the task's bar.
     Only when the tasks probe was asked for: it is opt-in, and an unasked probe holds nothing back."""
@@ -362,7 +443,163 @@ def task_checks(inputs: dict[str, Any], cand: str, bars: Bars) -> list[dict[str,
         text += f" ({'; '.join(details)})" if details else ""
         check = _check(bar, metric, "tasks", outcome, text, value=drop, interval=list(ci), limit=limit, case=task,
                        pairs=pairs, truncated=truncated, mcnemar_p=got.get("mcnemar_p"))
-        se = (power.binary_se(pairs, int(got.get("ref_only") or 0), int(got.get("cand_only") or 0))
+        se = (binary_se(pairs, int(got.get("ref_only") or 0), int(got.get("cand_only") or 0))
               if got.get("binary") else got.get("se"))
         out.append(_with_power(check, pairs, "documents", se))
     return out
+
+
+def limited(client: dict[str, Any], case: dict[str, Any], latency_bar: float,
+            throughput_bar: float = 0.05) -> str | None:
+    """Why the client could have moved this case's numbers by more than a tenth of a bar, or None."""
+    cpu = client.get("client_cpu_share")
+    if isinstance(cpu, int | float) and cpu >= CPU_LIMIT:
+        return f"the client used {cpu:.0%} of a core"
+    lag = client.get("client_loop_lag_p99_s")
+    if client.get("client_stamps") != "kernel":
+        p99s = [case[k] for k in ("ttft_p99_s", "itl_p99_s") if isinstance(case.get(k), int | float) and case[k] > 0]
+        allowed = 0.1 * latency_bar * min(p99s) if p99s else None
+        if isinstance(lag, int | float) and allowed is not None and lag > allowed:
+            return (f"the client's loop ran {lag * 1000:.2f} ms late (p99), over a tenth of the {latency_bar:.0%} bar "
+                    f"on its smallest p99 latency ({allowed * 1000:.2f} ms; receive times from the loop)")
+        return None
+    read = client.get("client_read_lag_p99_s")
+    itl = _p50(case, "itl")
+    if isinstance(read, int | float) and isinstance(itl, int | float) and itl > 0 and read > itl:
+        # Behind by more than a token gap: the kernel merges a socket's queued packets, newest stamp.
+        return (f"the client read arrived bytes {read * 1000:.2f} ms late (p99), more than the median gap "
+                f"between tokens ({itl * 1000:.2f} ms): queued chunks share one kernel stamp")
+    mean = client.get("client_loop_lag_mean_s")
+    e2e = _p50(case, "e2e")
+    if isinstance(mean, int | float) and isinstance(e2e, int | float) and e2e > 0 and mean / e2e > 0.1 * throughput_bar:
+        # Closed loop: each turn goes out late by about the mean lag, so the offered load is lighter.
+        return (f"the client's loop ran {mean * 1000:.2f} ms late on average, {mean / e2e:.1%} of a request's "
+                f"median span: over a tenth of the {throughput_bar:.0%} throughput bar")
+    return None
+
+
+def _p50(case: dict[str, Any], name: str) -> float | None:
+    value = case.get(f"{name}_p50_s")
+    if value is None and isinstance(case.get(f"{name}_s"), dict):
+        value = case[f"{name}_s"].get("p50")
+    return value if isinstance(value, int | float) else None
+
+
+# -- the decision --------------------------------------------------------------------------------
+
+def _broken(base: dict[str, Any], checks: list[dict[str, Any]], why: str) -> dict[str, Any]:
+    """Broken stays the decision, but what was measured before the failure is judged and said: a
+    candidate that fails a quality bar and then crashes fails that bar too."""
+    measured = [c for c in checks if c["outcome"] != "not_measured"]
+    reasons = [why] + [f"also fails {c['bar']}: {c['text']}" if c["outcome"] == "fail"
+                       else f"measured before it broke: {c['text']}" for c in measured]
+    return base | {"decision": "broken", "checks": checks, "reasons": reasons}
+
+
+def _decide_candidate(inputs: dict[str, Any], cand: str, bars: _Bars) -> dict[str, Any]:
+    ref = inputs["reference"]
+    server = inputs["servers"].get(cand) or {}
+    pin = inputs.get("pin") or {}
+    differences = (pin.get("by_candidate") or {}).get(cand) or []
+    ref_tokens, tokens = capacity_of(inputs, ref), capacity_of(inputs, cand)
+    ratio = tokens / ref_tokens if tokens is not None and ref_tokens else None
+    base = {"kv_cache_tokens": tokens, "capacity_ratio": ratio, "checks": []}
+    if differences:
+        knob = pin.get("knob") or DEFAULT_KNOB
+        return base | {"decision": "invalid",
+                       "reasons": [f"servers differ in more than the knob under test ({knob}): " + d["text"]
+                                   for d in differences]}
+    checks = [perplexity_check(inputs, cand, bars), *agreement_checks(inputs, cand, bars),
+              needle_check(inputs, cand, bars), *task_checks(inputs, cand, bars), *load_checks(inputs, cand, bars)]
+    if server.get("status") not in (None, "ok"):
+        return _broken(base, checks, f"{cand} could not serve ({server.get('status')}): "
+                                     f"{server.get('error') or 'no detail'}")
+    if cand in inputs.get("broken", {}):
+        return _broken(base, checks, f"{cand} failed during a probe: {inputs['broken'][cand]}")
+    notes = []
+    ref_server = inputs["servers"].get(ref) or {}
+    if ref_server.get("status") not in (None, "ok") or ref in inputs.get("broken", {}):
+        err = inputs.get("broken", {}).get(ref) or ref_server.get("error") or ref_server.get("status")
+        notes.append(f"the reference {ref} is broken ({err}): what needs it was not measured")
+    if server.get("kv_cache_tokens_estimate") or (ref_server.get("kv_cache_tokens_estimate")):
+        notes.append("capacity is an estimate (num_gpu_blocks x block_size): wrong for hybrid models")
+    notes += [u for u in pin.get("unchecked") or [] if u.startswith((f"{cand}:", f"{ref}:"))]
+    failed = [c for c in checks if c["outcome"] == "fail"]
+    open_ = [c for c in checks if c["outcome"] in ("inconclusive", "not_measured")]
+
+    if ratio is None:
+        capacity_text = "capacity unknown (no kv_cache_tokens)"
+        gain = None
+    else:
+        gain = (tokens - ref_tokens) / ref_tokens
+        capacity_text = (f"capacity {ratio:.2f}x ({tokens:,} vs {ref_tokens:,} KV tokens, gain {pct(gain)}; "
+                         f"bar: gain >= {pct(bars.capacity_gain_min, False)})")
+    base["capacity_gain"] = gain
+    base["checks"] = checks
+    if failed:
+        decision = "reject"
+        reasons = [f"fails {c['bar']}: {c['text']}" for c in failed]
+    elif gain is not None and gain < bars.capacity_gain_min:
+        decision = "no_gain"
+        # The memory map's account of why, and which knob would move capacity, beside the decision.
+        why = ((inputs["probes"].get("capacity") or {}).get("explain") or {}).get(cand)
+        reasons = [f"frees nothing: {capacity_text}" + (f". Memory map: {why}" if why else "")]
+        reasons += [f"also not shown to pass: {c['text']}" for c in open_]
+    elif gain is None or open_:
+        decision = "inconclusive"
+        reasons = [] if gain is not None else [f"not shown to gain: {capacity_text}"]
+        reasons += [f"not shown to pass: {c['text']}" for c in open_]
+    else:
+        decision = "adopt"
+        reasons = [f"gains: {capacity_text}", f"passes every bar ({len(checks)} checks)"]
+    if decision != "adopt" and gain is not None and decision != "no_gain":
+        reasons.append(capacity_text)
+    return base | {"decision": decision, "reasons": reasons + notes}
+
+
+def _counts_against(inputs: dict[str, Any], decision: dict[str, Any]) -> bool:
+    """A rejected candidate, or one held back by a bar that was measured (or asked for and missing).
+    A bar whose probe was not asked for (--probes) keeps the candidate from adopt but does not by
+    itself make the run fail: the operator chose not to measure it."""
+    if decision["decision"] == "reject":
+        return True
+    if decision["decision"] != "inconclusive":
+        return False
+    status = inputs.get("probes_status") or {}
+    return any(c["outcome"] == "inconclusive"
+               or (c["outcome"] == "not_measured" and status.get(c["probe"]) != "not run")
+               for c in decision["checks"]) or decision.get("capacity_gain") is None
+
+
+def decide(inputs: dict[str, Any]) -> dict[str, Any]:
+    """The decisions, the recommendation and the exit code from the inputs alone."""
+    bars = _bars(inputs.get("bars") or {})
+    ref = inputs["reference"]
+    order = list(inputs.get("order") or inputs["servers"])
+    candidates = [n for n in order if n != ref and (inputs["servers"].get(n) or {}).get("role") != "reference"]
+    decisions = {c: _decide_candidate(inputs, c, bars) for c in candidates}
+
+    adopted = [c for c in candidates if decisions[c]["decision"] == "adopt"]
+    if adopted:
+        best = max(adopted, key=lambda c: (decisions[c]["kv_cache_tokens"] or 0, -candidates.index(c)))
+        d = decisions[best]
+        recommendation = {"server": best, "change": True,
+                          "reason": f"adopt {best}: largest capacity among the adopted candidates "
+                                    f"({d['capacity_ratio']:.2f}x the reference), every bar passes"}
+    else:
+        why = "; ".join(f"{c} {decisions[c]['decision']}: {decisions[c]['reasons'][0]}" for c in candidates)
+        recommendation = {"server": ref, "change": False,
+                          "reason": f"keep the reference {ref}: " + (f"no candidate can be adopted ({why})"
+                                                                      if candidates else "no candidates")}
+
+    ref_server = inputs["servers"].get(ref) or {}
+    kinds = {d["decision"] for d in decisions.values()}
+    if "invalid" in kinds:
+        code = EXIT_INVALID
+    elif "broken" in kinds or ref_server.get("status") not in (None, "ok") or ref in inputs.get("broken", {}):
+        code = EXIT_BROKEN
+    elif not adopted and any(_counts_against(inputs, d) for d in decisions.values()):
+        code = EXIT_BAR_FAILED
+    else:
+        code = EXIT_OK
+    return {"decisions": decisions, "recommendation": recommendation, "exit_code": code}

@@ -1,0 +1,85 @@
+"""The checks: the one place that judges a bar. Probes record numbers; each check turns the recorded
+numbers into pass, fail, inconclusive or not_measured, with its words, its interval and its power
+figures (kvprobe.power). The verdict, every table (live and final), the reports, the JUnit file and
+the step summary show these outcomes and no other.
+
+Pure functions of the verdict's inputs: `kvprobe verify` runs them again on a signed verdict.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvprobe import power
+from kvprobe.checks._common import MIN_PASSAGES, MIN_SCORED_SHARE, pct
+from kvprobe.checks.answers import needle_checks, task_checks
+from kvprobe.checks.quality import agreement_checks, perplexity_check
+from kvprobe.checks.speed import case_key, load_checks, natural_order, runs_by_case
+
+__all__ = ["METHOD", "MIN_PASSAGES", "MIN_SCORED_SHARE", "capacity_of", "case_key", "judge", "judge_probe",
+           "natural_order", "pct", "runs_by_case"]
+
+METHOD = {
+    "interval_rule": "pass: the whole 95% interval within the bar; fail: the whole interval beyond it; else "
+                     "inconclusive (a one-sided test at 2.5% against the bar, each way)",
+    "answers": "needles and task documents paired case by case under the answer cap: an answer cut at the cap "
+               "or failed scores as wrong on either side, a pair unanswered on both sides is left out and counted; "
+               f"a pass needs {MIN_SCORED_SHARE:.0%} of the pairs scored; Tango's score interval for 0/1 outcomes, "
+               "t over paired differences otherwise; the paired rise in answers cut at the cap has its own bar",
+    "passages": "perplexity and agreement: a ratio of sums over passages with a t interval (delta method, n - 1 "
+                f"df); a pass needs {MIN_PASSAGES} passages; the reference's measured run-to-run delta enters the "
+                "perplexity interval as a variance component, and a bar with noise over a third of it is not passed",
+    "speed": "per load case, Welch t on log values over repeated runs, 95%; a client-limited case is not judged",
+    "power": "passes_at_most / fails_at_least: the true loss this run passes / fails with power 0.8 "
+             "(bar -/+ (t_0.975 + t_0.8) x se); needed (inconclusive): the size at which a candidate equal to the "
+             "reference passes every gating check of its family together with power 0.8",
+}
+
+_PROBES = {
+    "perplexity": lambda i, c, b: [perplexity_check(i, c, b)],
+    "agreement": agreement_checks,
+    "needle": needle_checks,
+    "tasks": task_checks,
+    "load": load_checks,
+}
+
+
+def judge_probe(probe: str, inputs: dict[str, Any], cand: str, bars: Any) -> list[dict[str, Any]]:
+    """One probe's checks for one candidate (the live tables show these as each probe ends)."""
+    checks = _PROBES[probe](inputs, cand, bars)
+    for check in checks:
+        check.get("power", {}).pop("_sizing", None)
+    return checks
+
+
+def judge(inputs: dict[str, Any], cand: str, bars: Any) -> list[dict[str, Any]]:
+    """Every check of one candidate, with `needed` sized for its whole family of gating checks."""
+    checks = [c for probe in _PROBES for c in _PROBES[probe](inputs, cand, bars)]
+    family = sum(c["outcome"] != "not_measured" for c in checks)
+    for check in checks:
+        block = check.get("power")
+        if block is None:
+            continue
+        sizing = block.pop("_sizing", {})
+        if check["outcome"] != "inconclusive" or check.get("interval") is None:
+            continue
+        if block.get("client_limited"):
+            advice = power.advice(block)
+        else:
+            kind = sizing.get("df_kind")
+            df_of = {"welch": lambda m: 2 * m - 2, "paired": lambda m: m - 1}.get(kind, lambda m: None)
+            sized = power.needed(block, sizing.get("loss_bar"), family, log_margin=sizing.get("log_margin"),
+                                 sd_df=sizing.get("sd_df"), df_of=df_of)
+            if sized:
+                block.update(sized)
+            advice = power.advice(block)
+        if advice:
+            check["text"] += f" (to settle it: {advice})"
+    return checks
+
+
+def capacity_of(inputs: dict[str, Any], name: str) -> int | None:
+    probe = inputs["probes"].get("capacity") or {}
+    row = (probe.get("servers") or {}).get(name) or {}
+    tokens = row.get("kv_cache_tokens")
+    return int(tokens) if isinstance(tokens, int | float) else None

@@ -1,0 +1,35 @@
+"""rules/2 stays re-derivable: every recorded rules/2 verdict (real runs on an Intel Xeon with AMX and on an
+NVIDIA H200) gives the same decisions, checks, recommendation and exit code under kvprobe.rules_v2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from kvprobe import rules_v2
+from kvprobe.verdict import rederive, same
+
+RUNS = Path(__file__).parent / "fixtures" / "runs"
+INPUT_KEYS = ("reference", "order", "bars", "servers", "pin", "broken", "probes", "probes_status")
+
+
+@pytest.mark.parametrize("run", sorted(p.name for p in RUNS.iterdir() if p.is_dir()))
+def test_a_recorded_rules2_verdict_re_derives_exactly(run: str) -> None:
+    verdict = orjson.loads((RUNS / run / "verdict.json").read_bytes())
+    assert verdict["rules"] == rules_v2.RULES and verdict["schema"] == rules_v2.SCHEMA
+    again = rules_v2.decide({k: verdict[k] for k in INPUT_KEYS})
+    # Equal to the last digits that can differ between CPU kinds: these were written on an Intel Xeon and
+    # an H200 host, and numpy's vector log/exp differ in the last bit between AVX-512 and AVX2.
+    assert same(verdict["decisions"], again["decisions"])
+    assert again["recommendation"] == verdict["recommendation"]
+    assert again["exit_code"] == verdict["exit_code"]
+    assert rederive(verdict) == []
+
+
+def test_same_allows_the_last_digits_only() -> None:
+    assert same({"a": [0.33798956548294345]}, {"a": [0.3379895654829437]})
+    assert not same({"a": [0.337989565]}, {"a": [0.337989566]})
+    assert not same({"a": "pass"}, {"a": "fail"})
+    assert not same({"a": 1}, {"a": 1.0})
