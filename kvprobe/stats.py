@@ -11,9 +11,11 @@ end of exactly 0, which passes any bar at any sample size.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Literal
 
 import numpy as np
@@ -124,21 +126,22 @@ def bar_outcome(interval: Interval, bar: float, *, larger_is_worse: bool = True)
 
 def mcnemar_p(ref_only: int, cand_only: int) -> float:
     """Exact two-sided McNemar p for paired 0/1 outcomes: under "no difference" each discordant pair
-    is a fair coin, so the count of reference-only successes is Binomial(discordant, 1/2)."""
-    from scipy import stats as st
-
-    discordant = ref_only + cand_only
-    if discordant == 0:
+    is a fair coin, so the count of reference-only successes is Binomial(discordant, 1/2), symmetric:
+    twice the smaller tail (exact integers, the same on every machine)."""
+    n = ref_only + cand_only
+    if n == 0:
         return 1.0
-    return float(st.binomtest(ref_only, discordant, 0.5).pvalue)
+    tail = sum(math.comb(n, i) for i in range(min(ref_only, cand_only) + 1))
+    return min(1.0, 2 * tail / 2**n)
 
 
+@functools.lru_cache(maxsize=4096)
 def t_quantile(p: float, df: float | None) -> float:
-    """Student's t quantile; the normal one for df None or infinite."""
+    """Student's t quantile; the normal one for df None or infinite (cached: checks ask for the same few)."""
+    if df is None or not math.isfinite(df):
+        return NormalDist().inv_cdf(p)
     from scipy import stats as st
 
-    if df is None or not math.isfinite(df):
-        return float(st.norm.ppf(p))
     return float(st.t.ppf(p, df))
 
 
@@ -172,14 +175,16 @@ def paired_binary_interval(n: int, lost: int, gained: int, level: float = 0.95) 
     z = t_quantile(0.5 + level / 2, None)
 
     def root(target: float) -> float:
-        lo, hi = -1.0, 1.0  # the statistic falls as d rises: bisect for where it crosses target
-        for _ in range(60):
-            mid = (lo + hi) / 2
-            if _tango_statistic(n, lost, gained, mid) > target:
-                lo = mid
-            else:
-                hi = mid
-        return (lo + hi) / 2
+        from scipy.optimize import brentq
+
+        # The statistic falls as d rises; at the ends of (-1, 1) it may not cross `target` at all.
+        lo, hi = -1.0 + 1e-12, 1.0 - 1e-12
+        f_lo, f_hi = _tango_statistic(n, lost, gained, lo) - target, _tango_statistic(n, lost, gained, hi) - target
+        if f_lo <= 0:
+            return -1.0
+        if f_hi >= 0:
+            return 1.0
+        return float(brentq(lambda d: _tango_statistic(n, lost, gained, d) - target, lo, hi, xtol=1e-13))
 
     estimate = (lost - gained) / n
     lower, upper = max(-1.0, root(z)), min(1.0, root(-z))

@@ -1,42 +1,62 @@
-"""The power figures (kvprobe.power): TensorRT-LLM's detectable-effect formula on a paired se, and the
-sample size that would settle an inconclusive bar."""
+"""The power figures (kvprobe.power) for the test kvprobe runs: one-sided 2.5% against the bar."""
 
 from __future__ import annotations
 
 import math
 
+import pytest
+from scipy import stats
+
 from kvprobe import power
 
 
-def test_detectable_effect_is_z_alpha_plus_z_power_times_se() -> None:
-    block = power.figures(100, "documents", 0.01, 0.0, 0.05, "pass")
-    assert math.isclose(block["detectable"], (1.6448536 + 0.8416212) * 0.01, rel_tol=1e-6)
-    assert block["needed"] is None  # only an inconclusive bar asks for more
+def test_passes_and_fails_with_80_percent_power_around_the_bar() -> None:
+    block = power.figures(16, "passages", 0.0027, 15, 0.01)
+    k = (stats.t.ppf(0.975, 15) + stats.t.ppf(0.8, 15)) * 0.0027
+    assert block["passes_at_most"] == pytest.approx(0.01 - k) and block["fails_at_least"] == pytest.approx(0.01 + k)
+    assert block["alpha_one_sided"] == 0.025 and block["power"] == 0.8
 
 
-def test_the_trt_llm_form_agrees_for_an_unpaired_binary_metric() -> None:
-    # accuracy_core.py: theta = (z_a + z_b) * sqrt(2 s^2 / n); here se = sqrt(2 s^2 / n) given directly.
-    sigma, n = 50.0, 1319  # GSM8K's sample count, a percentage metric's worst-case sigma
-    block = power.figures(n, "samples", math.sqrt(2 * sigma**2 / n), None, None, "pass")
-    assert round(block["detectable"], 2) == 4.84
+def test_the_figures_mean_what_they_say_under_the_checks_rule() -> None:
+    """A true loss at passes_at_most passes 80% of the time; at fails_at_least fails 80% (normal, se known)."""
+    se, bar = 0.01, 0.05
+    block = power.figures(1000, "units", se, None, bar)
+    z = stats.norm.ppf(0.975)
+    p_pass = stats.norm.cdf((bar - block["passes_at_most"]) / se - z)
+    p_fail = stats.norm.cdf((block["fails_at_least"] - bar) / se - z)
+    assert p_pass == pytest.approx(0.8, abs=1e-6) and p_fail == pytest.approx(0.8, abs=1e-6)
 
 
-def test_needed_scales_with_the_square_of_spread_over_margin() -> None:
-    # estimate 0.008 under a 0.01 bar, se 0.004: n * ((1.96 + 0.84) * 0.004 / 0.002)^2 = 16 * 31.4
-    block = power.figures(16, "passages", 0.004, 0.008, 0.01, "inconclusive")
-    assert block["needed"] == math.ceil(16 * ((1.959964 + 0.841621) * 0.004 / 0.002) ** 2)
-    assert power.advice(block) == f"about {block['needed']:,} passages would settle it at this spread"
+def test_needed_is_a_design_figure_for_the_whole_family() -> None:
+    block = power.figures(16, "passages", 0.004, 15, 0.01)
+    one = power.needed(block, 0.01, family=1, sd_df=15)
+    twenty = power.needed(block, 0.01, family=20, sd_df=15)
+    sd = 0.004 * 4
+    z_size = ((1.96 + 0.8416) * sd / 0.01) ** 2  # 20.1; t at ~20 units asks for a few more
+    assert z_size <= one["needed"] <= 1.25 * z_size
+    # every one of 20 checks must pass: each needs power 0.8^(1/20), about 2.3x the size
+    assert 2.0 < twenty["needed"] / one["needed"] < 2.6
+    lo, hi = one["range"]
+    assert lo < one["needed"] < hi  # the spread itself is uncertain at 15 df
+    assert "with its 19 other gating checks" in power.advice(twenty | {"unit": "passages"})
 
 
-def test_an_estimate_on_the_bar_has_no_size_that_settles_it() -> None:
-    block = power.figures(16, "passages", 0.004, 0.01, 0.01, "inconclusive")
-    assert block["needed"] is None and "no sample size" in power.advice(block)
+def test_a_zero_bar_has_no_size() -> None:
+    block = power.figures(40, "needles", 0.045, None, 0.0)
+    sized = power.needed(block, 0.0, family=1)
+    assert sized["needed"] is None and "can only fail or be inconclusive" in power.advice(block | sized)
 
 
-def test_binary_se_never_claims_certainty_from_matching_answers() -> None:
-    assert power.binary_se(20, 0, 0) > 0.05  # 20 matching needles: a ~16-point loss is detectable, no less
-    assert power.binary_se(200, 0, 0) < power.binary_se(20, 0, 0)
-    assert power.binary_se(0, 0, 0) is None
+def test_speed_is_sized_on_the_log_scale_with_t() -> None:
+    se = 0.05
+    block = power.figures(3, "runs", se, 4.0, -math.log(0.95))
+    sized = power.needed(block, 0.05, family=1, log_margin=-math.log(0.95), sd_df=4.0, df_of=lambda m: 2 * m - 2)
+    z_size = ((1.96 + 0.8416) * se * math.sqrt(3) / -math.log(0.95)) ** 2
+    assert sized["needed"] >= z_size  # t at small sizes asks for more than z
+
+
+def test_client_limited_advice() -> None:
+    assert power.advice({"client_limited": True}) == "more runs do not help; a quieter client does"
 
 
 def test_se_from_a_95_interval() -> None:

@@ -17,7 +17,7 @@ from kvprobe.checks.quality import agreement_checks, perplexity_check
 from kvprobe.checks.speed import case_key, load_checks, natural_order, runs_by_case
 
 __all__ = ["METHOD", "MIN_PASSAGES", "MIN_SCORED_SHARE", "capacity_of", "case_key", "judge", "judge_probe",
-           "natural_order", "pct", "runs_by_case"]
+           "live_checks", "natural_order", "pct", "runs_by_case"]
 
 METHOD = {
     "interval_rule": "pass: the whole 95% interval within the bar; fail: the whole interval beyond it; else "
@@ -50,6 +50,16 @@ def judge_probe(probe: str, inputs: dict[str, Any], cand: str, bars: Any) -> lis
     for check in checks:
         check.get("power", {}).pop("_sizing", None)
     return checks
+
+
+def live_checks(probe: str, summary: dict[str, Any], reference: str, candidates: list[str],
+                bars: Any) -> dict[str, list[dict[str, Any]]]:
+    """The checks of one probe that just ended, from its summary read as the verdict will read it
+    (kvprobe.evidence): the table printed then shows the outcomes the signed verdict will carry."""
+    from kvprobe.evidence import READERS
+
+    inputs = {"reference": reference, "probes": {probe: READERS[probe](summary)}, "probes_status": {probe: "ran"}}
+    return {cand: judge_probe(probe, inputs, cand, bars) for cand in candidates if cand != reference}
 
 
 def judge(inputs: dict[str, Any], cand: str, bars: Any) -> list[dict[str, Any]]:

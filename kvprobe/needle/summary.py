@@ -7,9 +7,10 @@ either side. This module only counts: it judges nothing.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from typing import Any
+
+from kvprobe.stats import mcnemar_p
 
 
 def server_summary(cases: Iterable[dict[str, Any]]) -> dict[str, Any]:
@@ -24,15 +25,6 @@ def server_summary(cases: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "recall": counts["hit"] / answered if answered else None,
         "truncation_rate": counts["truncated"] / finished if finished else None,
     }
-
-
-def mcnemar_exact(lost: int, gained: int) -> float:
-    """Two-sided exact McNemar p-value: under no difference, each discordant case is a coin flip."""
-    n = lost + gained
-    if n == 0:
-        return 1.0
-    tail = sum(math.comb(n, i) for i in range(min(lost, gained) + 1)) / 2**n
-    return min(1.0, 2 * tail)
 
 
 def paired(reference: dict[str, dict[str, Any]], candidate: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -51,5 +43,5 @@ def paired(reference: dict[str, dict[str, Any]], candidate: dict[str, dict[str, 
         "reference_hit_candidate_truncated": ids("hit", "truncated"),
         "reference_truncated_candidate_hit": ids("truncated", "hit"),
         "reference_hit_candidate_error": ids("hit", "error"),
-        "mcnemar_p": mcnemar_exact(len(lost), len(gained)),
+        "mcnemar_p": mcnemar_p(len(lost), len(gained)),
     }
