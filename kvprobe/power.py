@@ -64,24 +64,44 @@ def _size_for(sd_unit: float, margin: float, power: float, df_of: Any) -> int | 
     return m
 
 
+def zero_loss_size(bar: float) -> int | None:
+    """The fewest pairs of 0/1 outcomes, none lost, whose score interval passes `bar`: about
+    ln(0.025) / ln(1 - bar) (35 for 0.10, 72 for 0.05, 183 for 0.02)."""
+    from kvprobe.stats import paired_binary_interval
+
+    if bar <= 0:
+        return None
+    m = max(1, math.floor(math.log(0.025) / math.log1p(-bar)) - 2) if bar < 1 else 1
+    while paired_binary_interval(m, 0, 0).hi > bar:
+        m += 1
+        if m > MAX_NEEDED:
+            return None
+    return m
+
+
 def needed(block: dict[str, Any], bar: float | None, family: int, *, log_margin: float | None = None,
-           sd_df: float | None = None, df_of: Any = None) -> dict[str, Any] | None:
+           sd_df: float | None = None, df_of: Any = None, sd_unit: float | None = None,
+           floor: int | None = None) -> dict[str, Any] | None:
     """`needed` for an inconclusive check: the size at which a candidate equal to the reference passes
     all `family` gating checks with power 0.8, and its range over the spread's uncertainty.
 
     `log_margin`: the bar on the log scale (speed: -ln(1 - drop bar), ln(1 + rise bar)), with se on
     that scale; `sd_df`: the degrees of freedom of the spread estimate; `df_of(m)`: the interval's
-    degrees of freedom at size m (default m - 1)."""
+    degrees of freedom at size m (default m - 1). Paired 0/1 outcomes give `sd_unit` (the square root
+    of the share of pairs that disagree: an equal candidate's per-pair spread) and `floor` (the pairs a
+    pass needs even when none disagrees, zero_loss_size)."""
     se, n = block.get("se"), block.get("n") or 0
     margin = log_margin if log_margin is not None else bar
     if se is None or margin is None or n < 1 or not math.isfinite(se):
         return None
     if margin <= 0:
-        return {"needed": None, "why": "a bar of 0 can only fail or be inconclusive: no size passes it"}
+        return {"needed": None, "why": "a bar of 0 can only fail or be inconclusive"}
     power = POWER ** (1 / max(family, 1))
-    sd_unit = se * math.sqrt(n)
+    sd_unit = se * math.sqrt(n) if sd_unit is None else sd_unit
     df_of = df_of or (lambda m: m - 1)
-    size = _size_for(sd_unit, margin, power, df_of)
+    size = _size_for(sd_unit, margin, power, df_of) if sd_unit > 0 else floor
+    if size is not None and floor is not None:
+        size = max(size, floor)
     out: dict[str, Any] = {"needed": size, "family": family, "power_each": power}
     if size is None:
         out["why"] = f"over {MAX_NEEDED:,} at this spread"

@@ -62,3 +62,12 @@ def test_client_limited_advice() -> None:
 def test_se_from_a_95_interval() -> None:
     assert math.isclose(power.se_from_interval(-0.0392, 0.0392), 0.02, rel_tol=1e-3)
     assert power.se_from_interval(float("-inf"), 1.0) is None
+
+
+def test_paired_01_outcomes_are_sized_from_their_disagreement_and_never_below_the_zero_loss_size() -> None:
+    assert [power.zero_loss_size(b) for b in (0.10, 0.05, 0.02)] == [35, 73, 189]  # ~ ln(0.025) / ln(1 - bar)
+    block = power.figures(20, "needles", 0.082, None, 0.10)
+    agreeing = power.needed(block, 0.10, family=1, sd_unit=0.0, floor=35)
+    assert agreeing["needed"] == 35  # 20 needles that all agree: 35 would pass, not hundreds
+    disagreeing = power.needed(block, 0.10, family=1, sd_unit=(4 / 20) ** 0.5, floor=35)
+    assert disagreeing["needed"] > 35

@@ -79,11 +79,12 @@ def judge(inputs: dict[str, Any], cand: str, bars: Any) -> list[dict[str, Any]]:
             kind = sizing.get("df_kind")
             df_of = {"welch": lambda m: 2 * m - 2, "paired": lambda m: m - 1}.get(kind, lambda m: None)
             sized = power.needed(block, sizing.get("loss_bar"), family, log_margin=sizing.get("log_margin"),
-                                 sd_df=sizing.get("sd_df"), df_of=df_of)
+                                 sd_df=sizing.get("sd_df"), df_of=df_of, sd_unit=sizing.get("sd_unit"),
+                                 floor=sizing.get("floor"))
             if sized:
                 block.update(sized)
             advice = power.advice(block)
-        if advice:
+        if advice and advice not in check["text"]:
             check["text"] += f" (to settle it: {advice})"
     return checks
 

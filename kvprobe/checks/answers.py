@@ -16,6 +16,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvprobe import power
 from kvprobe.checks._common import (
     MIN_SCORED_SHARE,
     judged,
@@ -101,20 +102,26 @@ def _score_interval(p: Pairing, higher_is_better: bool) -> tuple[Interval, dict[
     return mean_t_interval(diffs), {"interval_method": "t over paired differences"}
 
 
-def _cap_words(p: Pairing, cand: str, unit: str, cap: int | None) -> str:
+def _count(n: int, unit: str) -> str:
+    """'1 document', '3 documents': units are given in the plural."""
+    return f"{n} {unit.removesuffix('s') if n == 1 else unit}"
+
+
+def _cap_words(p: Pairing, cand: str, unit: str, cap: int | None) -> list[str]:
     cap_text = f"the {cap}-token cap" if cap else "the cap"
     words = []
     if p.cand_cut_ref_answered:
-        words.append(f"{cand} ran past {cap_text} on {p.cand_cut_ref_answered} {unit} the reference answered "
-                     "within it (scored as wrong)")
+        words.append(f"{cand} ran past {cap_text} on {_count(p.cand_cut_ref_answered, unit)} the reference "
+                     "answered within it (scored as wrong)")
     if p.cand_failed_ref_answered:
-        words.append(f"{cand} failed {p.cand_failed_ref_answered} {unit} the reference answered (scored as wrong)")
+        words.append(f"{cand} failed {_count(p.cand_failed_ref_answered, unit)} the reference answered (scored as "
+                     "wrong)")
     if p.ref_cut_cand_answered:
-        words.append(f"the reference ran past {cap_text} on {p.ref_cut_cand_answered} {unit} {cand} answered "
-                     "(scored as wrong for the reference)")
+        words.append(f"the reference ran past {cap_text} on {_count(p.ref_cut_cand_answered, unit)} {cand} "
+                     "answered (scored as wrong for the reference)")
     if p.both_unanswered:
-        words.append(f"{p.both_unanswered} {unit} unanswered on both sides, not scored")
-    return "; ".join(words)
+        words.append(f"{_count(p.both_unanswered, unit)} unanswered on both sides, not scored")
+    return words
 
 
 def score_check(p: Pairing, *, check_id: str, bar: str, metric: str, probe: str, cand: str, limit: float,
@@ -137,29 +144,28 @@ def score_check(p: Pairing, *, check_id: str, bar: str, metric: str, probe: str,
         shown = f"{mean_c:.3f} vs reference {mean_r:.3f} over {p.scored} {unit}"
     text = (f"{label} {shown} within the cap: drop {iv.estimate:+.3f} [{iv.lo:+.3f}, {iv.hi:+.3f}] vs bar "
             f"{limit:.3f}: {outcome}")
-    why = []
+    details = []
     if outcome == "pass" and share < MIN_SCORED_SHARE:
         outcome = "inconclusive"
-        why.append(f"only {p.scored} of {p.pairs} {unit} scored ({share:.0%}), under the "
-                   f"{MIN_SCORED_SHARE:.0%} a pass needs")
+        details.append(f"only {_count(p.scored, unit)} of {p.pairs} scored ({share:.0%}), under the "
+                       f"{MIN_SCORED_SHARE:.0%} a pass needs")
         text = text.removesuffix(": pass") + ": inconclusive"
     if limit == 0 and outcome == "inconclusive":
-        why.append("a bar of 0 can only fail or be inconclusive")
-    details = []
+        details.append("a bar of 0 can only fail or be inconclusive")
     if "lost" in extra:
         details.append(f"lost {extra['lost']}, gained {extra['gained']}, McNemar p {extra['mcnemar_p']:.2g}")
-    words = _cap_words(p, cand, unit, cap)
-    if words:
-        details.append(words)
-    text += "".join(f" ({w})" for w in [*why, "; ".join(details)] if w)
+    details += _cap_words(p, cand, unit, cap)
+    if details:
+        text += f" ({'; '.join(details)})"
     check = make_check(check_id, bar, metric, probe, outcome, text, value=iv.estimate, interval=[iv.lo, iv.hi],
                        limit=limit, case=case, pairs=p.pairs, scored=p.scored, reference_score=mean_r,
                        candidate_score=mean_c, unanswered_both=p.both_unanswered,
                        candidate_cut_reference_answered=p.cand_cut_ref_answered,
                        reference_cut_candidate_answered=p.ref_cut_cand_answered, **extra)
-    sd_df = None if p.binary and higher_is_better else iv.df
-    return with_power(check, p.scored, unit, iv.se, iv.df, limit, sd_df=sd_df, df_kind="z" if sd_df is None
-                      else "paired")
+    if p.binary and higher_is_better:
+        return with_power(check, p.scored, unit, iv.se, iv.df, limit, df_kind="z",
+                          **_binary_sizing(p.scored, extra["lost"] + extra["gained"], limit))
+    return with_power(check, p.scored, unit, iv.se, iv.df, limit, sd_df=iv.df, df_kind="paired")
 
 
 def cut_check(p: Pairing, *, check_id: str, probe: str, cand: str, limit: float, unit: str, cap: int | None,
@@ -180,7 +186,14 @@ def cut_check(p: Pairing, *, check_id: str, probe: str, cand: str, limit: float,
     check = make_check(check_id, bar, metric, probe, outcome, text, value=iv.estimate, interval=[iv.lo, iv.hi],
                        limit=limit, case=case, pairs=p.cut_pairs, candidate_cut=p.cand_cut, reference_cut=p.ref_cut,
                        lost=p.cut_lost, gained=p.cut_gained)
-    return with_power(check, p.cut_pairs, unit, iv.se, None, limit, df_kind="z")
+    return with_power(check, p.cut_pairs, unit, iv.se, None, limit, df_kind="z",
+                      **_binary_sizing(p.cut_pairs, p.cut_lost + p.cut_gained, limit))
+
+
+def _binary_sizing(n: int, discordant: int, limit: float) -> dict[str, Any]:
+    """How `needed` sizes a 0/1 comparison for a candidate equal to the reference: pairs disagreeing
+    (both ways alike) at the share this run saw, and never fewer than a pass needs with none lost."""
+    return {"sd_unit": (discordant / n) ** 0.5, "floor": power.zero_loss_size(limit)}
 
 
 # -- needles -------------------------------------------------------------------------------------

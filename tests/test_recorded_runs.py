@@ -1,0 +1,92 @@
+"""Real runs judged under the current rules (tests/recorded.py rebuilds each probe summary from the run's
+own events): an Intel Xeon with AMX where int8_per_token_head writes garbage (all 20 needle answers and 34
+of 40 QA answers ran to the 1024-token cap), and real vLLM on an NVIDIA H200 where the same format holds
+quality. Each test asserts what the evidence must make the verdict say, never a number one machine made."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from recorded import rejudge
+
+from kvprobe.verdict import rederive, verdict_bytes
+
+
+def _checks(verdict: dict, cand: str) -> dict[str, dict]:
+    return {c["id"]: c for c in verdict["decisions"][cand]["checks"]}
+
+
+@pytest.fixture(scope="module")
+def xeon(tmp_path_factory) -> dict:
+    return rejudge("xeon-amx-demo", tmp_path_factory.mktemp("xeon"))[1]
+
+
+@pytest.fixture(scope="module")
+def h200(tmp_path_factory) -> dict:
+    return rejudge("h200-gpu", tmp_path_factory.mktemp("h200"))[1]
+
+
+def test_a_candidate_that_answers_nothing_within_the_cap_is_rejected_on_needles_and_tasks(xeon: dict) -> None:
+    """rules/2 let this candidate escape both bars (needle: not_measured; tasks: 6 documents left)."""
+    d = xeon["decisions"]["int8_per_token_head"]
+    assert d["decision"] == "reject"
+    checks = _checks(xeon, "int8_per_token_head")
+    for check_id in ("needle.recall_drop", "needle.truncation_rise", "tasks.kvprobe_qa.drop",
+                     "tasks.kvprobe_qa.truncation_rise", "perplexity.delta"):
+        assert checks[check_id]["outcome"] == "fail", checks[check_id]["text"]
+    # the reasons say it in words: the cap, and what the reference did within it
+    reasons = " ".join(d["reasons"])
+    assert "int8_per_token_head: 20 of 20 needle answers ran past the 1024-token cap; the reference answered 20 " \
+           "of them within it" in reasons
+    assert "34 of 40 kvprobe_qa answers ran past the 1024-token cap" in reasons
+    # every planned needle is scored: none is dropped from the comparison for being cut
+    assert checks["needle.recall_drop"]["scored"] == checks["needle.recall_drop"]["pairs"] == 20
+
+
+def test_fp8s_binary_intervals_are_not_degenerate(xeon: dict) -> None:
+    checks = _checks(xeon, "fp8")
+    for check_id in ("needle.recall_drop", "tasks.kvprobe_qa.drop"):
+        lo, hi = checks[check_id]["interval"]
+        assert hi > 0.05 and lo < 0, checks[check_id]["text"]  # rules/2 printed an upper end of exactly 0.00
+    # its recorded bars were 0.0 (needles) and 0.02 (tasks): 20 needles and 39 documents cannot show them
+    assert checks["needle.recall_drop"]["outcome"] == "inconclusive"
+    assert checks["tasks.kvprobe_qa.drop"]["outcome"] == "inconclusive"
+    assert xeon["decisions"]["fp8"]["decision"] == "inconclusive"
+
+
+def test_the_cpu_builds_reference_is_said_to_be_deterministic(xeon: dict) -> None:
+    check = _checks(xeon, "fp8")["perplexity.delta"]
+    assert check["noise"]["deterministic"] is True
+    assert "reference deterministic: 16/16 passages bit-identical over 2 runs" in check["text"]
+    assert "+0.00%" not in check["text"]
+
+
+def test_the_gpus_run_to_run_noise_is_measured_and_in_the_interval(h200: dict) -> None:
+    check = _checks(h200, "fp8")["perplexity.delta"]
+    noise = check["noise"]
+    assert noise["deterministic"] is False and 0 < noise["rms"] < 0.001 and noise["identical"] < 16
+    assert "reference run-to-run" in check["text"] and check["outcome"] == "pass"  # far under a third of 1%
+
+
+def test_on_the_gpu_int8_per_token_head_holds_quality(h200: dict) -> None:
+    checks = _checks(h200, "int8_per_token_head")
+    assert checks["perplexity.delta"]["outcome"] == "pass"
+    assert checks["needle.truncation_rise"]["outcome"] != "fail"
+    assert checks["needle.recall_drop"]["outcome"] != "fail" and checks["tasks.kvprobe_qa.drop"]["outcome"] != "fail"
+    assert h200["decisions"]["int8_per_token_head"]["decision"] != "reject"
+
+
+def test_power_rows_are_named_by_metric_and_computed_after_the_client_limited_override(xeon: dict) -> None:
+    load = [c for c in xeon["decisions"]["fp8"]["checks"] if c["probe"] == "load"]
+    assert {c["metric"] for c in load} == {"throughput drop", "TTFT p99 rise", "ITL p99 rise", "E2E p99 rise"}
+    limited = [c for c in load if c.get("client_limited")]
+    assert limited and all(c["outcome"] == "inconclusive" for c in limited)
+    assert all(c["power"].get("client_limited") and c["power"]["needed"] is None for c in limited)
+    assert all("more runs do not help; a quieter client does" in c["text"] for c in limited)
+
+
+@pytest.mark.parametrize("name", ["xeon-amx-demo", "h200-gpu", "h200-gpu-hybrid-kv", "h200-gpu-hybrid-ssm"])
+def test_the_rejudged_verdict_rederives(name: str, tmp_path) -> None:
+    _, verdict = rejudge(name, tmp_path)
+    assert verdict["rules"] == "kvprobe.rules/3" and verdict["schema"] == "kvprobe.verdict/2"
+    assert rederive(orjson.loads(verdict_bytes(verdict))) == []
