@@ -1,9 +1,8 @@
 """Perplexity from per-document loglikelihoods, and a candidate's relative delta with its interval.
 
 Perplexity over a set of documents is exp(total NLL / total units) (lm-eval's weighted perplexity),
-so a candidate's relative delta is exp((NLL_cand - NLL_ref) / units) - 1 on the same documents.
-Its 95% interval is a paired bootstrap over documents: a resample keeps each document's reference
-and candidate score together, so how hard a document is cancels out.
+so a candidate's relative delta is exp((NLL_cand - NLL_ref) / units) - 1 on the same documents: the
+check (kvprobe.checks.quality) computes it, passage by passage paired, with a t interval.
 """
 
 from __future__ import annotations
@@ -12,10 +11,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
-
-import numpy as np
-
-from kvprobe.stats import Interval, paired_bootstrap
 
 Unit = Literal["byte", "word", "token"]
 UNIT_FIELD = {"byte": "bytes", "word": "words", "token": "tokens"}
@@ -45,26 +40,3 @@ def perplexities(rows: Sequence[DocRow]) -> dict[str, float]:
         "tokens": tokens,
         "docs": len(rows),
     }
-
-
-def _paired(ref: Sequence[DocRow], cand: Sequence[DocRow]) -> tuple[list[DocRow], list[DocRow]]:
-    by_index = {r.index: r for r in cand}
-    common = [r for r in ref if r.index in by_index]
-    if not common:
-        raise ValueError("no document was scored on both servers")
-    return common, [by_index[r.index] for r in common]
-
-
-def relative_delta(ref: Sequence[DocRow], cand: Sequence[DocRow], unit: Unit = "byte", *,
-                   resamples: int = 2000, seed: int = 0) -> Interval:
-    """cand perplexity / ref perplexity - 1 over the documents both scored, with a paired 95% interval."""
-    ref, cand = _paired(ref, cand)
-    field = UNIT_FIELD[unit]
-    # Each document is a pair (NLL rise, unit count); resampling documents keeps the pair together.
-    rise = [r.loglikelihood - c.loglikelihood for r, c in zip(ref, cand, strict=True)]
-    units = [getattr(r, field) for r in ref]
-
-    def statistic(r: np.ndarray, u: np.ndarray) -> np.ndarray:
-        return np.expm1(r.sum(axis=-1) / u.sum(axis=-1))
-
-    return paired_bootstrap(rise, units, statistic, resamples=resamples, seed=seed)
