@@ -109,7 +109,7 @@ def test_edited_numbers_resigned_by_another_key_fail_against_the_allowed_signers
     run_dir, allowed, _ = signed_run
     path = run_dir / "verdict.json"
     verdict = orjson.loads(path.read_bytes())
-    verdict["probes"]["perplexity"]["servers"]["cand"]["ci95"] = [-0.5, 0.001]
+    verdict["probes"]["perplexity"]["servers"]["cand"]["passage_ll"][0] += 1.0
     path.write_bytes(verdict_bytes(verdict))
     mallory = load_signing_key(make_key(tmp_path / "mallory"))
     sign_file(path, mallory)
@@ -123,7 +123,8 @@ def test_edited_numbers_resigned_by_the_trusted_key_fail_the_rederivation(signed
     run_dir, allowed, key = signed_run
     path = run_dir / "verdict.json"
     verdict = orjson.loads(path.read_bytes())
-    verdict["probes"]["perplexity"]["servers"]["cand"]["ci95"] = [0.05, 0.07]  # would be a reject
+    cand = verdict["probes"]["perplexity"]["servers"]["cand"]
+    cand["passage_ll"] = [x - 50.0 for x in cand["passage_ll"]]  # 5% more NLL per byte: would be a reject
     path.write_bytes(verdict_bytes(verdict))
     sign_file(path, key)
     assert ssh_verify(allowed, path).returncode == 0  # the signature alone is fine

@@ -1,6 +1,6 @@
-"""The task-accuracy bar and the power figures in the verdict, from recorded numbers (tasks.json as
-the probe writes it): pass, fail and inconclusive by the interval rule, per-task or global bars,
-truncated answers counted apart, and `verify`'s re-derivation."""
+"""The task-accuracy bars and their power figures in the verdict, from recorded numbers (tasks.json as
+the probe writes it): pass, fail and inconclusive by the score interval, per-task or global bars, answers
+cut at the cap scored as wrong and held by their own bar, and `verify`'s re-derivation."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 from verdict_inputs import Measurements, tasks_summary
 
-from kvprobe.report.tables import power_table, tasks_table
 from kvprobe.verdict import build_verdict, rederive
 
 
@@ -20,105 +19,107 @@ def with_tasks(ref: list[float], cand: list[float], **kw) -> Measurements:
     return m
 
 
-def task_check(v: dict, cand: str = "cand") -> dict:
-    (check,) = [c for c in v["decisions"][cand]["checks"] if c["bar"] == "task_accuracy_drop_max"]
-    return check
+def task_check(v: dict, cand: str = "cand", kind: str = "drop") -> dict:
+    return next(c for c in v["decisions"][cand]["checks"] if c["id"] == f"tasks.qa.{kind}")
 
 
-def test_the_same_answers_pass_with_a_zero_drop(tmp_path: Path) -> None:
-    v = build_verdict(with_tasks([1.0] * 30, [1.0] * 30).write(tmp_path / "r"))
+def test_forty_same_answers_pass_the_default_bar_and_the_interval_is_honest(tmp_path: Path) -> None:
+    v = build_verdict(with_tasks([1.0] * 40, [1.0] * 40).write(tmp_path / "r"))
     check = task_check(v)
-    assert check["outcome"] == "pass" and check["value"] == 0.0 and check["interval"] == [0.0, 0.0]
-    assert check["mcnemar_p"] == 1.0 and "30 documents" in check["text"]
+    assert check["outcome"] == "pass" and check["value"] == 0.0
+    lo, hi = check["interval"]
+    assert lo < 0 < hi < 0.10  # not [0, 0]: 40 matching answers rule out a loss of 0.09, not of 0.01
+    assert check["mcnemar_p"] == 1.0 and "40/40 vs reference 40/40" in check["text"]
+    assert task_check(v, kind="truncation_rise")["outcome"] == "pass"
     assert v["decisions"]["cand"]["decision"] == "adopt"
-    # 30 matching answers still cannot rule out a loss of about 0.13: the power block says so.
-    assert 0.10 < check["power"]["detectable"] < 0.16 and check["power"]["unit"] == "documents"
+    assert check["power"]["unit"] == "documents" and check["power"]["passes_at_most"] < 0.10
     assert rederive(v) == []
 
 
+def test_thirty_same_answers_cannot_show_a_ten_point_margin(tmp_path: Path) -> None:
+    check = task_check(build_verdict(with_tasks([1.0] * 30, [1.0] * 30).write(tmp_path / "r")))
+    assert check["outcome"] == "inconclusive" and check["interval"][1] > 0.10
+    assert check["power"]["needed"] == 35 and "about 35 documents" in check["text"]
+
+
 def test_a_wrecked_candidate_fails_in_words_and_numbers(tmp_path: Path) -> None:
-    v = build_verdict(with_tasks([1.0] * 30, [1.0] * 3 + [0.0] * 27).write(tmp_path / "r"))
+    v = build_verdict(with_tasks([1.0] * 40, [1.0] * 4 + [0.0] * 36).write(tmp_path / "r"))
     check = task_check(v)
     assert check["outcome"] == "fail" and check["value"] == pytest.approx(0.9)
     d = v["decisions"]["cand"]
     assert d["decision"] == "reject" and v["exit_code"] == 1
-    assert d["reasons"][0].startswith("fails task_accuracy_drop_max: qa exact_match 0.100 vs reference 1.000")
-    assert "McNemar p" in d["reasons"][0] and "reference-only 27" in d["reasons"][0]
+    assert d["reasons"][0].startswith("fails task_accuracy_drop_max: qa exact_match 4/40 vs reference 40/40")
+    assert "McNemar p" in d["reasons"][0] and "lost 36, gained 0" in d["reasons"][0]
 
 
-def test_a_small_loss_is_inconclusive_and_says_how_many_documents_would_settle_it(tmp_path: Path) -> None:
+def test_a_small_loss_is_inconclusive_and_says_what_would_settle_it(tmp_path: Path) -> None:
     v = build_verdict(with_tasks([1.0] * 40, [1.0] * 39 + [0.0]).write(tmp_path / "r"))
     check = task_check(v)
     assert check["outcome"] == "inconclusive"
-    needed = check["power"]["needed"]
-    assert needed > 40 and f"about {needed:,} documents would settle it" in check["text"]
+    # an equal candidate disagreeing as often (1 pair in 40) would usually pass at 40: the lost answer holds
+    # this one back, and the words say so instead of asking for documents that would not help
+    assert check["power"]["needed"] <= 40
+    assert "the estimate itself holds this one back" in check["text"]
     assert v["exit_code"] == 1  # a measured bar not shown to pass fails the run
 
 
-def test_truncated_answers_are_counted_apart_not_as_wrong(tmp_path: Path) -> None:
-    # The candidate's last 5 answers were cut by the cap: scored 0 by lm-eval, but not paired.
-    m = with_tasks([1.0] * 30, [1.0] * 25 + [0.0] * 5, truncated=(25, 26, 27, 28, 29))
+def test_answers_cut_at_the_cap_are_losses_and_fail_their_own_bar(tmp_path: Path) -> None:
+    # The candidate's last 12 answers were cut by the cap where the reference answered: under the budget
+    # both sides get, they are wrong answers (rules/2 left them out and compared the other 28).
+    m = with_tasks([1.0] * 40, [1.0] * 28 + [0.0] * 12, truncated=tuple(range(28, 40)))
     v = build_verdict(m.write(tmp_path / "r"))
     check = task_check(v)
-    assert check["pairs"] == 25 and check["truncated"] == 5 and check["value"] == 0.0
-    assert "5 truncated at the cap on either side, not scored" in check["text"]
+    assert check["scored"] == 40 and check["value"] == pytest.approx(0.3) and check["outcome"] == "fail"
+    assert "cand ran past the 1024-token cap on 12 documents the reference answered within it" in check["text"]
+    cut = task_check(v, kind="truncation_rise")
+    assert cut["value"] == pytest.approx(0.3) and cut["candidate_cut"] == 12 and cut["outcome"] == "fail"
     cand = v["probes"]["tasks"]["tasks"]["qa"]["servers"]["cand"]
-    assert cand == {"accuracy": 1.0, "documents": 30, "scored": 25, "truncated": 5}
+    assert (cand["accuracy"], cand["scored"], cand["truncated"]) == (1.0, 28, 12)
 
 
-def test_every_answer_cut_is_not_measured(tmp_path: Path) -> None:
-    m = with_tasks([1.0] * 4, [0.0] * 4, truncated=(0, 1, 2, 3))
+def test_every_answer_cut_on_both_sides_tells_nothing(tmp_path: Path) -> None:
+    m = with_tasks([1.0] * 4, [0.0] * 4, truncated=(0, 1, 2, 3), ref_truncated=(0, 1, 2, 3))
     check = task_check(build_verdict(m.write(tmp_path / "r")))
-    assert check["outcome"] == "not_measured" and "cut at the cap" in check["text"]
+    assert check["outcome"] == "inconclusive" and "unanswered on both sides" in check["text"]
 
 
 def test_per_task_bars_and_a_default(tmp_path: Path) -> None:
-    m = with_tasks([1.0] * 30, [1.0] * 28 + [0.0] * 2)
+    m = with_tasks([1.0] * 40, [1.0] * 38 + [0.0] * 2)
     m.bars["task_accuracy_drop_max"] = {"qa": 0.5}
     assert task_check(build_verdict(m.write(tmp_path / "a")))["outcome"] == "pass"
     m.bars["task_accuracy_drop_max"] = {"default": 0.0}
-    assert task_check(build_verdict(m.write(tmp_path / "b")))["limit"] == 0.0
+    check = task_check(build_verdict(m.write(tmp_path / "b")))
+    assert check["limit"] == 0.0 and check["outcome"] == "inconclusive"
+    assert "a bar of 0 can only fail or be inconclusive" in check["text"]
     m.bars["task_accuracy_drop_max"] = {"other": 0.5}
     check = task_check(build_verdict(m.write(tmp_path / "c")))
     assert check["outcome"] == "not_measured" and "no bar set for qa" in check["text"]
 
 
-def test_not_asked_for_adds_no_check_and_asked_for_without_results_holds_back(tmp_path: Path) -> None:
+def test_not_asked_for_adds_no_check_but_says_so_and_asked_for_without_results_holds_back(tmp_path: Path) -> None:
     v = build_verdict(Measurements().write(tmp_path / "a"))
     assert not [c for c in v["decisions"]["cand"]["checks"] if c["bar"] == "task_accuracy_drop_max"]
+    assert any("tasks probe is opt-in" in r for r in v["decisions"]["cand"]["reasons"])
     m = Measurements()
     m.probes_requested.append("tasks")  # asked for, no tasks.json
     v = build_verdict(m.write(tmp_path / "b"))
-    check = task_check(v)
+    check = next(c for c in v["decisions"]["cand"]["checks"] if c["bar"] == "task_accuracy_drop_max")
     assert check["outcome"] == "not_measured" and v["decisions"]["cand"]["decision"] == "inconclusive"
     assert v["exit_code"] == 1
 
 
-def test_a_tampered_task_drop_fails_verify(tmp_path: Path) -> None:
-    v = build_verdict(with_tasks([1.0] * 30, [1.0] * 3 + [0.0] * 27).write(tmp_path / "r"))
-    v["probes"]["tasks"]["tasks"]["qa"]["candidates"]["cand"].update(drop=0.0, ci95=[0.0, 0.0])
+def test_a_tampered_task_score_fails_verify(tmp_path: Path) -> None:
+    v = build_verdict(with_tasks([1.0] * 40, [1.0] * 4 + [0.0] * 36).write(tmp_path / "r"))
+    v["probes"]["tasks"]["tasks"]["qa"]["servers"]["cand"]["rows"] = [[i, 1.0, False] for i in range(40)]
     assert any("recorded decision 'reject'" in p for p in rederive(v))
 
 
 def test_every_measured_check_carries_power_figures(tmp_path: Path) -> None:
-    m = with_tasks([1.0] * 30, [1.0] * 30)
-    m.perplexity["servers"]["cand"]["docs"] = 16
-    v = build_verdict(m.write(tmp_path / "r"))
-    checks = {(c["bar"], c.get("case")): c for c in v["decisions"]["cand"]["checks"]}
-    assert checks[("perplexity_delta_max", None)]["power"]["n"] == 16
-    # 20 matching needles: the pseudo-pair se, not 0 (which would claim any loss is ruled out).
-    needle = checks[("needle_recall_drop_max", None)]["power"]
-    assert needle["n"] == 20 and 0.12 < needle["detectable"] < 0.2
-    load = [c for c in v["decisions"]["cand"]["checks"] if c["probe"] == "load"]
-    assert load and all(c["power"]["unit"] == "runs" and c["power"]["detectable"] > 0 for c in load)
+    v = build_verdict(with_tasks([1.0] * 40, [1.0] * 40).write(tmp_path / "r"))
+    checks = {c["id"]: c for c in v["decisions"]["cand"]["checks"]}
+    assert checks["perplexity.delta"]["power"]["n"] == 16
+    needle = checks["needle.recall_drop"]["power"]
+    assert needle["n"] == 40 and needle["passes_at_most"] < 0.10 < needle["fails_at_least"]
+    load = [c for c in checks.values() if c["probe"] == "load"]
+    assert load and all(c["power"]["unit"] == "runs" for c in load)
     assert "power" in v["method"]
-
-
-def test_the_reports_show_the_task_and_power_tables(tmp_path: Path) -> None:
-    v = build_verdict(with_tasks([1.0] * 30, [1.0] * 3 + [0.0] * 27).write(tmp_path / "r"))
-    tasks = tasks_table(v)
-    assert [r[1] for r in tasks.rows] == ["ref", "cand"] and tasks.rows[1][-1] == "fail"
-    assert tasks.rows[1][6] == "+0.900"
-    power = power_table(v)
-    row = next(r for r in power.rows if r[1] == "task_accuracy_drop_max")
-    assert row[3] == "30 documents" and row[6] == "fail"

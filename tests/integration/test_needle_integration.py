@@ -2,9 +2,10 @@
 --reasoning-parser deepseek_r1, KV dtypes side by side: the testbed's trio (the reference, a lossy 2x and,
 where this CPU runs one, a lossless 2x candidate; kvprobe.servers.testbed).
 
-One default run (20 needles, 1k..7168 tokens, depths 0-100%, max_tokens 1024, temperature 0) on the
-three servers at once is shared by the tests of this module; two small runs check the cap and the
-up-front refusal."""
+One default run (40 needles, 1k..7168 tokens, depths 0-100%, max_tokens 1024, temperature 0, the default
+bars) on the three servers at once is shared by the tests of this module; two small runs check the cap
+and the up-front refusal. What the lossy candidate does differs by CPU kind (it misses on AMD, it runs
+every answer to the cap on Intel AMX): the tests assert what the verdict must conclude from either."""
 
 from __future__ import annotations
 
@@ -28,8 +29,7 @@ pytestmark = pytest.mark.integration
 
 def _config(servers, only_reference: bool = False, **needle):
     tables = trio(servers)
-    return {"bars": {"needle_recall_drop_max": 0.0}, "server": tables[:1] if only_reference else tables,
-            "needle": needle}
+    return {"server": tables[:1] if only_reference else tables, "needle": needle}
 
 
 def _name(servers, key: str) -> str:
@@ -47,6 +47,9 @@ async def default_run(vllm_servers, tmp_path_factory) -> RunDir:
     lossy = _name(vllm_servers, "lossy_2x")
     assert run.read_json("verdict.json")["decisions"][lossy]["decision"] == "reject"
     print(console.file.getvalue())
+    for name, d in run.read_json("verdict.json")["decisions"].items():
+        for c in d["checks"]:
+            print(f"{name}: {c['text']}")  # the figures, in the test log (-s)
     return run
 
 
@@ -57,28 +60,41 @@ def test_reference_and_lossless_find_the_needles_in_reasoning_and_content(defaul
     name = _name(vllm_servers, key)
     data = default_run.read_json("needle.json")
     row = data["servers"][name]
-    assert row["cases"] == 20
-    assert row["hit"] >= 19, row
+    assert row["cases"] == 40
+    assert row["hit"] >= 37, row  # measured 20/20 on AMD, 19/20 on Intel AMX
     # needle-llama restates the fact inside <think> and answers after it
     both = [c for c in data["cases"] if c["server"] == name and c["found_in"] == ["content", "reasoning"]]
-    assert len(both) >= 19
+    assert len(both) >= 37
 
 
-def test_the_lossy_2x_collapses_and_the_paired_comparison_says_so(default_run: RunDir, vllm_servers) -> None:
+def _checks(run: RunDir, name: str) -> dict[str, dict]:
+    return {c["id"]: c for c in run.read_json("verdict.json")["decisions"][name]["checks"]}
+
+
+def test_the_lossy_2x_is_rejected_naming_the_evidence_that_failed(default_run: RunDir, vllm_servers) -> None:
     data = default_run.read_json("needle.json")
     lossy = _name(vllm_servers, "lossy_2x")
-    assert data["servers"][lossy]["hit"] <= 5
-    pair = data["paired"][lossy]
-    lost = len(pair["reference_hit_candidate_miss"]) + len(pair["reference_hit_candidate_truncated"])
-    assert lost >= 15
-    assert pair["outcome"] == "fail" and pair["recall_drop"]["lo"] > 0.3
-    assert pair["mcnemar_p"] < 0.01 or pair["decided"] < 10
+    row = data["servers"][lossy]
+    assert row["hit"] <= 10  # measured 3 of 20 on AMD (6 cut), 0 of 20 on Intel AMX (20 cut)
+    recall = _checks(default_run, lossy)["needle.recall_drop"]
+    assert recall["outcome"] == "fail" and recall["interval"][0] > 0.3
+    assert recall["pairs"] == 40 and recall["scored"] >= 36  # cut answers are scored, not dropped
+    reasons = " ".join(default_run.read_json("verdict.json")["decisions"][lossy]["reasons"])
+    assert "fails needle_recall_drop_max" in reasons
+    if row["truncated"]:  # where it rambles to the cap, the reasons say so, and the truncation bar holds it
+        assert f"{lossy} ran past the 1024-token cap on" in reasons
+        cut = _checks(default_run, lossy)["needle.truncation_rise"]
+        assert cut["candidate_cut"] == row["truncated"]
+        if row["truncated"] >= 15:
+            assert cut["outcome"] == "fail" and "fails truncation_rise_max" in reasons
 
 
 def test_the_lossless_2x_is_at_most_one_case_apart(default_run: RunDir, vllm_servers, bed) -> None:
     require(bed, "lossless_2x")
-    data = default_run.read_json("needle.json")
-    assert data["paired"][_name(vllm_servers, "lossless_2x")]["outcome"] in ("pass", "inconclusive")
+    recall = _checks(default_run, _name(vllm_servers, "lossless_2x"))["needle.recall_drop"]
+    assert recall["outcome"] in ("pass", "inconclusive")
+    lo, hi = recall["interval"]
+    assert lo < 0 < hi and hi > 0.05  # an honest interval, never the [0.00, 0.00] of rules/2
 
 
 def test_default_grid_and_token_exact_lengths(default_run: RunDir) -> None:
@@ -101,7 +117,7 @@ def test_default_grid_and_token_exact_lengths(default_run: RunDir) -> None:
 
 def test_max_tokens_is_honoured(default_run: RunDir, vllm_servers) -> None:
     events = list(default_run.events("needle_case"))
-    assert len(events) == 20 * len(trio(vllm_servers))
+    assert len(events) == 40 * len(trio(vllm_servers))
     assert all(e["completion_tokens"] <= 1024 for e in events)
     assert all(e["completion_tokens"] == 1024 for e in events if e["finish_reason"] == "length")
     heat = default_run.read_json("needle.json")["heatmaps"]

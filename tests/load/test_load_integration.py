@@ -64,11 +64,12 @@ metrics_interval_s = 0.1
         samples = [s for e in _events(out, "load_case", name) for s in e["metrics"]["samples"]]
         assert samples and max(s["kv_usage"] for s in samples) > 0  # the server really held KV blocks
         assert any(s["running"] for s in samples)
-    fp8 = data["comparisons"]["fp8"]
-    assert [c["agents"] for c in fp8["cases"]] == [1, 4]
-    for case in fp8["cases"]:
-        check = case["throughput"]
-        assert check["ratio"] > 0 and check["interval"][0] <= check["ratio"] <= check["interval"][1]
+    verdict = json.loads((out / "verdict.json").read_text())
+    throughput = [c for c in verdict["decisions"]["fp8"]["checks"] if c["metric"] == "throughput drop"]
+    assert [c["case"] for c in throughput] == ["shape=default agents=1", "shape=default agents=4"]
+    for check in throughput:
+        lo, hi = check["ratio_interval"]
+        assert check["ratio"] > 0 and lo <= check["ratio"] <= hi
         assert check["outcome"] in ("pass", "fail", "inconclusive")
     rows = _events(out, "load_request", "fp8")
     assert len(rows) == (1 + 4) * 2 * 2 and all(r["status"] == "ok" and r["ttft"] > 0 for r in rows)

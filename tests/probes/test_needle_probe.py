@@ -78,8 +78,11 @@ async def test_needle_json_events_and_heatmaps(tmp_path) -> None:
         assert case["found_in"] == (["content", "reasoning"] if case["server"] != "int8" else [])
     depths = {c["id"]: c["depth_tokens"] for c in data["cases"] if c["server"] == "auto"}
     assert {c["id"]: c["depth_tokens"] for c in data["cases"] if c["server"] == "int8"} == depths
-    assert data["paired"]["fp8"]["outcome"] == "pass"
-    assert data["paired"]["int8"]["outcome"] == "fail"
+    checks = {n: {c["id"]: c for c in d["checks"]} for n, d in run.read_json("verdict.json")["decisions"].items()}
+    assert checks["int8"]["needle.recall_drop"]["outcome"] == "fail"
+    # 6 matching needles cannot show the 0.0 bar (nothing can): the probe judges nothing, the check says so
+    assert checks["fp8"]["needle.recall_drop"]["outcome"] == "inconclusive"
+    assert "outcome" not in data["paired"]["int8"]
     assert len(data["paired"]["int8"]["reference_hit_candidate_miss"]) == 6
     # every case is in the events log, with the full answer
     events = list(run.events("needle_case"))
@@ -154,7 +157,9 @@ async def test_answers_at_the_cap_are_truncated(tmp_path) -> None:
     data = run.read_json("needle.json")
     assert data["servers"]["int8"]["truncated"] == 6 and data["servers"]["int8"]["recall"] is None
     assert len(data["paired"]["int8"]["reference_hit_candidate_truncated"]) == 6
-    assert data["paired"]["int8"]["truncation_rise"] == 1.0
+    checks = {c["id"]: c for c in run.read_json("verdict.json")["decisions"]["int8"]["checks"]}
+    assert checks["needle.truncation_rise"]["value"] == 1.0 and checks["needle.truncation_rise"]["outcome"] == "fail"
+    assert checks["needle.recall_drop"]["outcome"] == "fail"  # cut where the reference answered: lost
     assert all(e["completion_tokens"] == 64 for e in run.events("needle_case", server="int8"))
 
 
