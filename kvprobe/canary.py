@@ -35,12 +35,16 @@ def _smaller(current: Any, fast: Any) -> Any:
 def canary_config(config: Config, budgeted: bool = False) -> Config:
     """`budgeted`: passages and needles keep the config's own counts, as the most a --budget may grow
     them to (kvprobe.budget sizes them); agreement and the load shape are the canary's either way."""
-    def shrink(settings: Any, fast: dict[str, Any]) -> Any:
-        return settings.model_copy(update={k: _smaller(getattr(settings, k), v) for k, v in fast.items()})
+    def shrink(settings: Any, fast: dict[str, Any], **fixed: Any) -> Any:
+        # Built with the operator's own fields_set: model_copy would mark the canary's sizes as written in
+        # servers.toml, and a probe whose kvprobe defaults do not fit the servers would then stop the run
+        # instead of being not measured (kvprobe.evaluation.fit_phase).
+        values = {**dict(settings), **{k: _smaller(getattr(settings, k), v) for k, v in fast.items()}, **fixed}
+        return type(settings).model_construct(settings.model_fields_set, **values)
 
     update: dict[str, Any] = {
         "agreement": shrink(config.agreement, CANARY_AGREEMENT),
-        "load": shrink(config.load, CANARY_LOAD).model_copy(update={"duration_s": None}),
+        "load": shrink(config.load, CANARY_LOAD, duration_s=None),
     }
     if not budgeted:
         update["perplexity"] = shrink(config.perplexity, CANARY_PERPLEXITY)
@@ -57,6 +61,15 @@ def canary_probes() -> list[str]:
 
 def _servers_of(verdict: dict[str, Any], probe: str) -> dict[str, Any]:
     return ((verdict.get("probes") or {}).get(probe) or {}).get("servers") or {}
+
+
+def _perplexity_delta(verdict: dict[str, Any], name: str) -> float | None:
+    """A candidate's perplexity delta as its check judged it: the probe records per-passage numbers
+    only (rules/3), and a rules/2 verdict's check carries the same value as its evidence did."""
+    checks = ((verdict.get("decisions") or {}).get(name) or {}).get("checks") or []
+    check = next((c for c in checks if c.get("bar") == "perplexity_delta_max"), None)
+    value = (check or {}).get("value")
+    return float(value) if isinstance(value, int | float) else None
 
 
 def compare_with_baseline(base: dict[str, Any], cur: dict[str, Any], source: str) -> dict[str, Any]:
@@ -85,13 +98,13 @@ def compare_with_baseline(base: dict[str, Any], cur: dict[str, Any], source: str
                 f"capacity changed {t0:,} -> {t1:,} tokens ({change * 100:+.1f}%)")
         if name == cur.get("reference"):
             continue
-        p0, p1 = _servers_of(base, "perplexity").get(name) or {}, _servers_of(cur, "perplexity").get(name) or {}
+        p0, p1 = _perplexity_delta(base, name), _perplexity_delta(cur, name)
         bar = bars.get("perplexity_delta_max")
-        if p0.get("delta") is not None and p1.get("delta") is not None and bar is not None:
-            moved = p1["delta"] - p0["delta"]
+        if p0 is not None and p1 is not None and bar is not None:
+            moved = p1 - p0
             if abs(moved) > bar:
-                add(name, "perplexity_delta", p0["delta"], p1["delta"], "fail" if moved > 0 else "note",
-                    f"perplexity delta moved {p0['delta'] * 100:+.2f}% -> {p1['delta'] * 100:+.2f}% "
+                add(name, "perplexity_delta", p0, p1, "fail" if moved > 0 else "note",
+                    f"perplexity delta moved {p0 * 100:+.2f}% -> {p1 * 100:+.2f}% "
                     f"({moved * 100:+.2f} points, bar {bar * 100:.2f}%)")
         n0, n1 = _servers_of(base, "needle").get(name) or {}, _servers_of(cur, "needle").get(name) or {}
         bar = bars.get("needle_recall_drop_max")

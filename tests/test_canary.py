@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import copy
+import math
 
-from verdict_inputs import Measurements
+from verdict_inputs import Measurements, perplexity_rows
 
 from kvprobe.canary import canary_config, canary_probes, compare_with_baseline
 from kvprobe.config import parse_config
@@ -48,7 +49,7 @@ def test_no_drift_between_equal_runs(tmp_path):
 
 def test_quality_moved_beyond_the_bar_fails(tmp_path):
     def worse(m):
-        m.perplexity["servers"]["cand"].update(delta=0.02, ci95=[0.015, 0.025])
+        m.perplexity["servers"]["cand"] = perplexity_rows(math.log1p(0.02))  # the check's delta: +2.00%
 
     drift = compare_with_baseline(*_verdicts(tmp_path, worse), "base")
     assert len(drift["fails"]) == 1 and "perplexity delta moved +0.10% -> +2.00%" in drift["fails"][0]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from junitparser import Failure, JUnitXml
 from markdown_it import MarkdownIt
-from verdict_inputs import Measurements
+from verdict_inputs import Measurements, perplexity_rows
 
 from kvprobe.report.ci import CiOutputError, CiOutputs
 from kvprobe.report.junit import junit_xml, no_verdict_xml
@@ -37,22 +37,26 @@ def test_a_passing_candidate_is_all_green_and_the_bytes_are_deterministic(tmp_pa
     data = junit_xml(v)
     assert data == junit_xml(v)
     got = cases(parsed(data, tmp_path))["kvprobe.cand"]
-    assert set(got) >= {"server health", "one-knob check", "capacity_gain_min", "perplexity_delta_max",
-                        "needle_recall_drop_max"}
+    # each check named by what it measures (metric, percentile and case), never by its bar alone
+    assert set(got) >= {"server health", "one-knob check", "capacity_gain_min", "perplexity delta",
+                        "needle recall drop", "needle answers cut at the cap", "throughput drop at agents=4",
+                        "TTFT p99 rise at agents=4", "ITL p99 rise at agents=4", "E2E p99 rise at agents=4"}
     assert all(f is None for f in got.values())
 
 
 def test_failing_and_inconclusive_bars_are_failures_with_the_verdicts_words(tmp_path: Path) -> None:
     m = Measurements()
-    m.perplexity["servers"]["cand"].update(delta=0.19, ci95=[0.14, 0.24])
+    m.perplexity["servers"]["cand"] = perplexity_rows(0.174, 0.02)
     m.load["servers"]["cand"]["cases"] = m.load["servers"]["cand"]["cases"][:1]  # one run: no interval
     v = build_verdict(m.write(tmp_path / "run"))
     xml = parsed(junit_xml(v), tmp_path)
     got = cases(xml)["kvprobe.cand"]
-    ppl = got["perplexity_delta_max"]
-    assert ppl is not None and ppl.type == "fail" and ppl.message.startswith("perplexity delta +19.00% [+14.00%")
-    speed = [f for name, f in got.items() if name.startswith("throughput_drop_max")]
-    assert speed and all(f is not None and f.type == "inconclusive" for f in speed)
+    ppl = got["perplexity delta"]
+    check = next(c for c in v["decisions"]["cand"]["checks"] if c["id"] == "perplexity.delta")
+    assert ppl is not None and ppl.type == "fail" and ppl.message == check["text"]  # the verdict's own words
+    assert ppl.message.startswith("perplexity delta +19.01% [")
+    speed = [f for name, f in got.items() if name.endswith(" at agents=4")]
+    assert len(speed) == 4 and all(f is not None and f.type == "inconclusive" for f in speed)
     failing = [c for c in v["decisions"]["cand"]["checks"] if c["outcome"] != "pass"]
     assert sum(1 for f in got.values() if f is not None) == len(failing)
     assert xml.failures == len(failing) and xml.skipped == 0  # never a skip
@@ -79,13 +83,18 @@ def test_no_verdict_is_one_failure_and_notes_are_failures(tmp_path: Path) -> Non
 
 def test_the_summary_renders_as_markdown_with_every_bar(tmp_path: Path) -> None:
     m = Measurements()
-    m.perplexity["servers"]["cand"].update(delta=0.19, ci95=[0.14, 0.24])
+    m.perplexity["servers"]["cand"] = perplexity_rows(0.174, 0.02)
     v = build_verdict(m.write(tmp_path / "run"))
     text = step_summary(v, tmp_path / "run", {"fingerprint": "SHA256:abc"})
     tokens = MarkdownIt("commonmark").enable("table").parse(text)
     assert [t.type for t in tokens].count("table_open") == 2
     assert "| cand | **reject** | 2.00x |" in text
-    assert "| perplexity_delta_max | - | +19.00% | [+14.00%, +24.00%] | 1.00% | fail |" in text
+    # each check by metric and case, in its bar's units: percentages for perplexity and speed,
+    # fractions with 3 decimals for the answers and the answers cut at the cap
+    assert "| perplexity delta | +19.01% | [+17.85%, +20.18%] | 1.00% | fail |" in text
+    assert "| needle recall drop | +0.000 | [-0.088, +0.088] | 0.100 | pass |" in text
+    assert "| needle answers cut at the cap | +0.000 | [-0.088, +0.088] | 0.100 | pass |" in text
+    assert "| TTFT p99 rise at agents=4 | -3.00% | [-4.38%, -1.60%] | 10.00% | pass |" in text
     assert text.rstrip().endswith("signed by `SHA256:abc` (`verdict.json.sig`) · exit code 1")
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from PIL import Image
-from verdict_inputs import Measurements, needle_cases
+from verdict_inputs import Measurements, needle_cases, perplexity_rows
 
 from kvprobe.cli import main
 from kvprobe.report.plots import request_latencies
@@ -28,10 +28,9 @@ def sample_run(tmp_path):
     """A finished run: reference, a good candidate and a wrecked one, with per-request latencies."""
     m = Measurements()
     m.servers.append(("int8", "candidate", 200_000, "int8_per_token_head"))
-    m.perplexity["servers"]["int8"] = {"bits_per_byte": 3.0, "word_perplexity": 400.0, "delta": 2.5,
-                                       "ci95": [2.1, 2.9], "noise": 0.0005}
+    m.perplexity["servers"]["int8"] = perplexity_rows(1.25, 0.05)  # about +250%
     m.needle["cases"] += needle_cases("int8", 2, truncated=3)
-    m.needle["servers"]["int8"] = {"hit": 2, "miss": 15, "truncated": 3, "error": 0, "recall": 2 / 17}
+    m.needle["servers"]["int8"] = {"hit": 2, "miss": 35, "truncated": 3, "error": 0, "recall": 2 / 37}
     m.load["servers"]["int8"] = {"cases": m.load["servers"]["cand"]["cases"]}
     run = m.write(tmp_path / "run")
     rng = random.Random(0)

@@ -184,7 +184,9 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
             entry["error"] = ctx.broken[name]
         summary[name] = entry
     ctx.run.write_json("agreement.json", summary)
+    from kvprobe.checks import live_checks
     from kvprobe.report.terminal import agreement_table, print_wide
 
-    print_wide(ctx.console, agreement_table(summary))
+    checks = live_checks("agreement", summary, ctx.reference, list(summary), ctx.config.bars)
+    print_wide(ctx.console, agreement_table(summary, checks))
     return summary

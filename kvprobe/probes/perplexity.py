@@ -272,9 +272,11 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
             summary["servers"][name]["lm_eval"] = agg.get("lm_eval")
             summary["servers"][name]["seconds"] = agg.get("seconds")
     ctx.run.write_json("perplexity.json", summary)
+    from kvprobe.checks import live_checks
     from kvprobe.report.terminal import perplexity_table, print_wide
 
-    print_wide(ctx.console, perplexity_table(summary))
+    checks = live_checks("perplexity", summary, ctx.reference, list(summary["servers"]), ctx.config.bars)
+    print_wide(ctx.console, perplexity_table(summary, checks))
     return summary
 
 

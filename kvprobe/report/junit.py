@@ -1,10 +1,10 @@
 """The verdict as JUnit XML, for CI systems that show test reports (GitHub, GitLab, Jenkins).
 
 One <testsuite> per candidate; one <testcase> for its server health, one for the one-knob check, one for
-the capacity gain and one per bar (per load case). Anything but a pass is a <failure> whose message is
-the verdict's own words: `inconclusive` and `not_measured` fail too, never skip, since a gate that
-passes because nothing ran is the classic way a CI gate lies. Built only from the verdict, so the
-bytes are as deterministic as the verdict's, and no secret is in it.
+the capacity gain and one per check, named by its metric and case. Anything but a pass is a <failure>
+whose message is the verdict's own words: `inconclusive` and `not_measured` fail too, never skip, since
+a gate that passes because nothing ran is the classic way a CI gate lies. Built only from the verdict,
+so the bytes are as deterministic as the verdict's, and no secret is in it.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 from xml.etree import ElementTree as ET
 
+from kvprobe.report import cells
 from kvprobe.report.tables import knob_of
 
 
@@ -42,11 +43,10 @@ def _candidate_cases(v: dict[str, Any], name: str) -> list[tuple[str, tuple[str,
         capacity = None
     cases.append(("capacity_gain_min", capacity))
     for check in d.get("checks") or []:
-        label = check["bar"] + (f" [{check['case']}]" if check.get("case") else "")
-        if check["bar"] == "p99_latency_rise_max":  # one bar over TTFT, ITL and E2E: name which
-            label += f" ({check.get('metric')})"
+        # named by what it measures ("TTFT p99 rise at shape=default agents=4"): one bar covers TTFT,
+        # ITL and E2E in every load case, so the bar's name alone would repeat
         ok = check["outcome"] == "pass"
-        cases.append((label, None if ok else (check["outcome"], check["text"])))
+        cases.append((cells.label(check), None if ok else (check["outcome"], check["text"])))
     return cases
 
 

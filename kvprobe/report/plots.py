@@ -74,44 +74,63 @@ def capacity_chart(v: dict[str, Any]) -> bytes | None:
     return png(fig)
 
 
+def _perplexity_checks(v: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Each candidate's perplexity check that has a value: the chart draws what the check judged."""
+    out = []
+    for name in v["order"]:
+        if name == v["reference"]:
+            continue
+        check = next((c for c in (v["decisions"].get(name) or {}).get("checks", [])
+                      if c["bar"] == "perplexity_delta_max"), None)
+        if check is not None and check.get("value") is not None:
+            out.append((name, check))
+    return out
+
+
+def _noise_band(v: dict[str, Any], checks: list[tuple[str, dict[str, Any]]]) -> float | None:
+    """The reference's run-to-run noise: the rms the checks used (rules/3; 0 when its runs were
+    bit-identical), or the figure a rules/2 perplexity probe recorded."""
+    for _, check in checks:
+        noise = check.get("noise")
+        if isinstance(noise, dict):
+            return noise.get("rms")
+    servers = ((v.get("probes") or {}).get("perplexity") or {}).get("servers") or {}
+    recorded = (servers.get(v["reference"]) or {}).get("noise")
+    return float(recorded) if isinstance(recorded, int | float) else None
+
+
 def perplexity_chart(v: dict[str, Any]) -> bytes | None:
-    probe = (v.get("probes") or {}).get("perplexity")
-    if not probe:
+    if not (v.get("probes") or {}).get("perplexity"):
         return None
     bar = (v.get("bars") or {}).get("perplexity_delta_max")
-    rows = []
-    for name in v["order"]:
-        row = (probe.get("servers") or {}).get(name) or {}
-        if name == v["reference"] or row.get("delta") is None:
-            continue
-        ci = row.get("ci95") if isinstance(row.get("ci95"), list) and None not in row.get("ci95") else None
-        rows.append((name, row["delta"] * 100, [c * 100 for c in ci] if ci else None))
-    if not rows:
+    checks = _perplexity_checks(v)
+    if not checks:
         return None
-    noise = ((probe.get("servers") or {}).get(v["reference"]) or {}).get("noise")
-    noise = noise if noise is not None else next((probe["servers"][n].get("noise") for n, _, _ in rows), None)
-    fig = _figure(7.5, 1.2 + 0.6 * len(rows))
+    noise = _noise_band(v, checks)
+    fig = _figure(7.5, 1.2 + 0.6 * len(checks))
     ax = fig.add_subplot()
-    checks = {n: next((c for c in (v["decisions"].get(n) or {}).get("checks", [])
-                       if c["bar"] == "perplexity_delta_max"), {}) for n, _, _ in rows}
-    for y, (name, delta, ci) in enumerate(rows):
-        color = COLORS.get(checks[name].get("outcome", ""), "#7f7f7f")
-        err = [[delta - ci[0]], [ci[1] - delta]] if ci else None
-        ax.errorbar([delta], [y], xerr=err, fmt="o", color=color, capsize=5, markersize=7)
-        ax.text(delta, y + 0.22, f"{delta:+.2f}%  {checks[name].get('outcome', '')}", ha="center", fontsize=8)
+    deltas = []
+    for y, (_, check) in enumerate(checks):
+        delta = check["value"] * 100
+        deltas.append(delta)
+        iv = check.get("interval")
+        err = [[delta - iv[0] * 100], [iv[1] * 100 - delta]] if iv and None not in iv else None
+        ax.errorbar([delta], [y], xerr=err, fmt="o", color=COLORS.get(check["outcome"], "#7f7f7f"), capsize=5,
+                    markersize=7)
+        ax.text(delta, y + 0.22, f"{delta:+.2f}%  {check['outcome']}", ha="center", fontsize=8)
     if noise:
         ax.axvspan(-abs(noise) * 100, abs(noise) * 100, color="#1f77b4", alpha=0.12,
                    label=f"reference run-to-run noise ±{abs(noise) * 100:.2f}%")
     if bar is not None:
         ax.axvline(bar * 100, color="#d62728", linestyle="--", label=f"bar {bar * 100:.2f}%")
     ax.axvline(0, color="#555555", linewidth=0.8)
-    span = max(abs(d) for _, d, _ in rows)
+    span = max(abs(d) for d in deltas)
     if bar and span > 20 * bar * 100:
         # A wrecked candidate (+250%) next to a good one (+0.1%): linear near the bar, log beyond.
         ax.set_xscale("symlog", linthresh=max(bar * 100 * 2, 0.01))
-    ax.set_yticks(range(len(rows)), [n for n, _, _ in rows])
-    ax.set_ylim(-0.6, len(rows) - 0.3)
-    ax.set_xlabel("perplexity rise vs the reference (%), 95% paired bootstrap interval")
+    ax.set_yticks(range(len(checks)), [n for n, _ in checks])
+    ax.set_ylim(-0.6, len(checks) - 0.3)
+    ax.set_xlabel("perplexity rise vs the reference (%), the check's 95% interval")
     ax.set_title("Perplexity delta against the bar", fontsize=10)
     ax.legend(fontsize=8, loc="lower right")
     ax.spines[["top", "right"]].set_visible(False)

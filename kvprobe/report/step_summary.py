@@ -1,31 +1,14 @@
 """A short Markdown summary of a verdict for $GITHUB_STEP_SUMMARY or a merge-request comment: the
-decision and capacity per candidate, each bar with its value, interval and limit, and where the run
-and its signature are. The full report stays in report.md."""
+decision and capacity per candidate, each check (by metric and case) with its value, interval, limit
+and outcome, and where the run and its signature are. The full report stays in report.md."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from kvprobe.checks import pct
+from kvprobe.report import cells
 from kvprobe.report.markdown import cell
-
-_RATIO_BARS = ("throughput_drop_max", "p99_latency_rise_max", "perplexity_delta_max")
-
-
-def _value(check: dict[str, Any], value: Any) -> str:
-    if value is None:
-        return "-"
-    if check["bar"] in _RATIO_BARS:
-        return pct(value)
-    return f"{value:+.2f}" if check["bar"] == "needle_recall_drop_max" else f"{value:.4g}"
-
-
-def _limit(check: dict[str, Any]) -> str:
-    limit = check.get("limit")
-    if limit is None:
-        return "-"
-    return pct(limit, False) if check["bar"] in _RATIO_BARS else f"{limit:g}"
 
 
 def step_summary(v: dict[str, Any], run_dir: Path, signature: dict[str, Any] | None,
@@ -43,12 +26,12 @@ def step_summary(v: dict[str, Any], run_dir: Path, signature: dict[str, Any] | N
         if not d.get("checks"):
             continue
         out += ["", f"<details><summary>{name}: {len(d['checks'])} checks</summary>", "",
-                "| bar | case | value | 95% interval | limit | outcome |", "|---|---|---|---|---|---|"]
+                "| check | value | 95% interval | limit | outcome |", "|---|---|---|---|---|"]
         for c in d["checks"]:
-            iv = c.get("interval")
-            shown = f"[{_value(c, iv[0])}, {_value(c, iv[1])}]" if iv and None not in iv else "-"
-            out.append(f"| {c['bar']} | {c.get('case') or '-'} | {_value(c, c.get('value'))} | {shown} | "
-                       f"{_limit(c)} | {c['outcome']} |")
+            # in the bar's units (kvprobe.report.cells): percentages for perplexity and speed, fractions
+            # for answers and the answers cut at the cap
+            out.append(f"| {cell(cells.label(c))} | {cells.value_text(c['bar'], c.get('value'))} | "
+                       f"{cells.interval_text(c)} | {cells.limit_text(c)} | {c['outcome']} |")
         out += ["", "</details>"]
     out += [""] + [f"- {cell(n)}" for n in notes or []]
     signed = f"signed by `{signature['fingerprint']}` (`verdict.json.sig`)" if signature else "not signed"

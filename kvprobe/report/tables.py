@@ -7,8 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from kvprobe.checks import natural_order, pct, runs_by_case  # the grouping and wording the decisions use
+from kvprobe.checks import natural_order, runs_by_case  # load cases grouped and ordered as the checks do
 from kvprobe.knob import DEFAULT as DEFAULT_KNOB
+from kvprobe.report import cells
 from kvprobe.report.platform_text import recorded_platform_text
 
 
@@ -28,12 +29,6 @@ def num(value: Any, fmt: str = ",") -> str:
     if isinstance(value, float) and fmt == ",":
         fmt = ",.4g"
     return format(value, fmt)
-
-
-def interval(iv: list[float] | None, fmt: Any = pct) -> str:
-    if not iv or None in iv:
-        return "-"
-    return f"[{fmt(iv[0])}, {fmt(iv[1])}]"
 
 
 def knob_of(v: dict[str, Any]) -> str:
@@ -102,24 +97,58 @@ def servers_table(v: dict[str, Any]) -> TableData:
     return t
 
 
+def _checks_of(v: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    return ((v.get("decisions") or {}).get(name) or {}).get("checks") or []
+
+
+_SEVERITY = ("fail", "inconclusive", "not_measured", "pass")
+
+
+def _worst(*checks: dict[str, Any] | None) -> str | None:
+    """The row's tag: its most serious outcome (the outcome cell that shows it is coloured)."""
+    outcomes = [c["outcome"] for c in checks if c]
+    return min(outcomes, key=lambda o: _SEVERITY.index(o) if o in _SEVERITY else len(_SEVERITY), default=None)
+
+
+def _outcome(check: dict[str, Any] | None) -> str:
+    return check["outcome"] if check else "-"
+
+
 def perplexity_table(v: dict[str, Any]) -> TableData | None:
+    """Per server its perplexities; per candidate the perplexity check's delta, interval, the
+    reference noise it used and its outcome."""
     probe = (v.get("probes") or {}).get("perplexity")
     if not probe:
         return None
-    bar = (v.get("bars") or {}).get("perplexity_delta_max")
+    bar = "perplexity_delta_max"
     t = TableData("Perplexity", ["server", "bits/byte", "word perplexity", "delta vs reference", "95% interval",
                                  "reference noise", "outcome"])
-    checks = _checks_by(v, "perplexity_delta_max")
+    servers = probe.get("servers") or {}
+    checks = {name: cells.find(_checks_of(v, name), bar) for name in v["order"]}
+    # rules/3: the noise the check used (the reference's); rules/2: the figure the probe recorded.
+    ref_noise = next((c["noise"] for c in checks.values() if c and c.get("noise")), None)
     for name in v["order"]:
-        row = probe["servers"].get(name)
+        row = servers.get(name)
         if row is None:
             continue
-        outcome = "reference" if name == v["reference"] else (checks.get(name) or [{}])[0].get("outcome", "-")
-        t.rows.append([name, num(row.get("bits_per_byte"), ".4f"), num(row.get("word_perplexity"), ".3f"),
-                       pct(row.get("delta")), interval(row.get("ci95")), pct(row.get("noise")), outcome])
-        t.tags.append(outcome)
-    t.note = f"Bar: relative perplexity rise at most {pct(bar, False)}; pass only when the whole interval is under it."
+        own = [name, num(row.get("bits_per_byte"), ".4f"), num(row.get("word_perplexity"), ".3f")]
+        if name == v["reference"]:
+            noise = ref_noise if ref_noise is not None else row.get("noise")
+            t.rows.append([*own, "-", "-", cells.noise_text(noise), "reference"])
+            t.tags.append("reference")
+            continue
+        check = checks.get(name) or {}
+        t.rows.append([*own, cells.value_text(bar, check.get("value")), cells.interval_text(check),
+                       cells.noise_text(check.get("noise", row.get("noise"))), _outcome(check or None)])
+        t.tags.append(check.get("outcome"))
+    limit = (v.get("bars") or {}).get(bar)
+    t.note = (f"Bar: relative perplexity rise at most {cells.value_text(bar, limit, False)}; pass only when the "
+              "whole 95% interval is under it. Reference noise: the reference's own run-to-run delta as the check "
+              "measured it (deterministic: its repeated runs were bit-identical).")
     return t
+
+
+_AGREEMENT_BARS = ("kl_mean_max", "top1_agreement_min")
 
 
 def agreement_table(v: dict[str, Any]) -> TableData | None:
@@ -127,105 +156,130 @@ def agreement_table(v: dict[str, Any]) -> TableData | None:
     if not probe:
         return None
     t = TableData("Agreement with the reference (top-k prompt logprobs)",
-                  ["server", "KL mean", "KL p99", "top-1 agreement"])
+                  ["server", "KL mean", "KL p99", "top-1 agreement", "checks"])
     for name in v["order"]:
         row = probe["servers"].get(name)
         if row is None:
             continue
+        mine = [c for c in _checks_of(v, name) if c.get("bar") in _AGREEMENT_BARS]
+        judged = "; ".join(f"{cells.label(c)} {cells.estimate_text(c)} vs bar {cells.limit_text(c)}: {c['outcome']}"
+                           for c in mine)
         t.rows.append([name, num(row.get("kl_mean"), ".5f"), num(row.get("kl_p99"), ".5f"),
-                       "-" if row.get("top1_agreement") is None else f"{row['top1_agreement']:.2%}"])
-        t.tags.append(None)
+                       "-" if row.get("top1_agreement") is None else f"{row['top1_agreement']:.2%}",
+                       "reference" if name == v["reference"] else judged or "no bar set"])
+        t.tags.append("reference" if name == v["reference"] else _worst(*mine))
     return t
 
 
 def needle_table(v: dict[str, Any]) -> TableData | None:
+    """Per server its counts and recall; per candidate the recall-drop check and the check on the
+    rise in answers cut at the cap."""
     probe = (v.get("probes") or {}).get("needle")
     if not probe:
         return None
-    t = TableData("Needle retrieval", ["server", "hit", "miss", "truncated", "error", "recall", "vs reference"])
-    checks = _checks_by(v, "needle_recall_drop_max")
+    t = TableData("Needle retrieval", ["server", "hit", "miss", "cut at the cap", "error", "recall",
+                                       "recall drop [95% interval]", "outcome",
+                                       "rise in answers cut [95% interval]", "outcome"])
     for name in v["order"]:
         row = (probe.get("servers") or {}).get(name)
         if row is None:
             continue
-        check = (checks.get(name) or [{}])[0]
-        versus = "reference" if name == v["reference"] else (
-            f"drop {check['value']:+.2f} {interval(check.get('interval'), lambda x: f'{x:+.2f}')}: {check['outcome']}"
-            if check.get("value") is not None else check.get("outcome", "-"))
-        t.rows.append([name, num(row.get("hit")), num(row.get("miss")), num(row.get("truncated")),
-                       num(row.get("error")), "-" if row.get("recall") is None else f"{row['recall']:.0%}", versus])
-        t.tags.append(None if name == v["reference"] else check.get("outcome"))
+        own = [name, num(row.get("hit")), num(row.get("miss")), num(row.get("truncated")), num(row.get("error")),
+               "-" if row.get("recall") is None else f"{row['recall']:.0%}"]
+        if name == v["reference"]:
+            t.rows.append([*own, "-", "reference", "-", "-"])
+            t.tags.append("reference")
+            continue
+        mine = _checks_of(v, name)
+        recall, cut = cells.find(mine, "needle_recall_drop_max"), cells.find(mine, "truncation_rise_max")
+        t.rows.append([*own, cells.estimate_text(recall), _outcome(recall), cells.estimate_text(cut), _outcome(cut)])
+        t.tags.append(_worst(recall, cut))
+    t.note = ("Recall: each server's own, hit / (hit + miss). Recall drop: the check's, paired case by case with "
+              "the reference over every planned needle (an answer cut at the cap or failed scores as a miss); "
+              "rise in answers cut: the paired rise in needle answers the cap cut, its own bar. A rules/2 verdict "
+              "has no check on the cut answers (-).")
     return t
 
 
 def tasks_table(v: dict[str, Any]) -> TableData | None:
+    """Per task and server its own score; per candidate the task's drop check and its check on the
+    rise in answers cut at the cap."""
     probe = (v.get("probes") or {}).get("tasks")
     if not probe:
         return None
-    t = TableData("Task accuracy (lm-eval)", ["task", "server", "metric", "score", "scored", "truncated",
-                                              "drop vs reference", "95% interval", "McNemar p", "outcome"])
-    checks = {(name, c.get("case")): c for name, cs in _checks_by(v, "task_accuracy_drop_max").items() for c in cs}
+    t = TableData("Task accuracy (lm-eval)", ["task", "server", "metric", "score", "scored", "cut at the cap",
+                                              "drop [95% interval]", "McNemar p", "outcome",
+                                              "rise in answers cut [95% interval]", "outcome"])
     for task, row in sorted((probe.get("tasks") or {}).items()):
         for name in v["order"]:
             own = (row.get("servers") or {}).get(name)
             if own is None:
                 continue
-            pair = (row.get("candidates") or {}).get(name) or {}
-            check = checks.get((name, task)) or {}
-            outcome = "reference" if name == v["reference"] else check.get("outcome", "-")
             score = own.get("accuracy")
-            t.rows.append([task, name, str(row.get("metric") or "-"), "-" if score is None else f"{score:.3f}",
-                           f"{num(own.get('scored'))}/{num(own.get('documents'))}", num(own.get("truncated")),
-                           "-" if pair.get("drop") is None else f"{pair['drop']:+.3f}",
-                           interval(pair.get("ci95"), lambda x: f"{x:+.3f}"),
-                           "-" if pair.get("mcnemar_p") is None else f"{pair['mcnemar_p']:.2g}", outcome])
-            t.tags.append(None if name == v["reference"] else check.get("outcome"))
-    t.note = ("Drop: the reference's score minus the candidate's on the documents both answered within the "
-              "answer cap (paired bootstrap over documents); an answer the cap cut is counted apart, not as wrong.")
+            numbers = [task, name, str(row.get("metric") or "-"), "-" if score is None else f"{score:.3f}",
+                       f"{num(own.get('scored'))}/{num(own.get('documents'))}", num(own.get("truncated"))]
+            if name == v["reference"]:
+                t.rows.append([*numbers, "-", "-", "reference", "-", "-"])
+                t.tags.append("reference")
+                continue
+            mine = _checks_of(v, name)
+            drop = cells.find(mine, "task_accuracy_drop_max", case=task)
+            cut = cells.find(mine, "truncation_rise_max", case=task)
+            p = (drop or {}).get("mcnemar_p")
+            t.rows.append([*numbers, cells.estimate_text(drop), "-" if p is None else f"{p:.2g}", _outcome(drop),
+                           cells.estimate_text(cut), _outcome(cut)])
+            t.tags.append(_worst(drop, cut))
+    t.note = ("Score: each server's own, on the answers it finished within the cap. Drop: the check's, the "
+              "reference's score minus the candidate's paired document by document (rules/3: an answer cut at the "
+              "cap scores as wrong; rules/2 verdicts left those documents out). Rise in answers cut: the paired "
+              "rise in answers the cap cut, its own bar.")
     return t
 
 
 def power_table(v: dict[str, Any]) -> TableData | None:
-    """Per measured check: how large an effect this run could see, and for an inconclusive one the
-    size that would settle it (kvprobe.power)."""
-    t = TableData("Power: what this run could detect", ["candidate", "bar", "case", "n", "smallest detectable",
-                                                         "limit", "outcome", "to settle it"])
+    """One row per measured check, named by its metric and case: how large a true loss this run
+    passes and fails with power 0.8, and for an inconclusive check what would settle it
+    (kvprobe.power). A rules/2 check's figures go in the columns they fit, the rest is '-'."""
+    t = TableData("Power: what this run can pass and fail", ["candidate", "check", "n", "se", "passes at most",
+                                                             "fails at least", "limit", "outcome", "to settle it"])
+    blocks = []
     for name, d in v["decisions"].items():
         for c in d.get("checks") or []:
             block = c.get("power")
             if not block:
                 continue
-            fmt = _effect_format(c["bar"])
-            detectable = block.get("detectable")
-            needed = block.get("needed")
-            settle = ("-" if c["outcome"] != "inconclusive" else
-                      f"about {needed:,} {block['unit']}" if needed is not None else "no size (on the bar)")
-            t.rows.append([name, c["bar"], c.get("case") or "-", f"{block['n']:,} {block['unit']}",
-                           "-" if detectable is None else fmt(detectable),
-                           "-" if c.get("limit") is None else fmt(c["limit"]), c["outcome"], settle])
-            t.tags.append("inconclusive" if detectable is not None and c.get("limit") is not None
-                          and detectable > c["limit"] else None)
+            blocks.append(block)
+            t.rows.append([name, cells.label(c), f"{block['n']:,} {block['unit']}", cells.se_text(c),
+                           cells.power_size(c, "passes_at_most"), cells.power_size(c, "fails_at_least"),
+                           cells.limit_text(c), c["outcome"], cells.settle_text(c)])
+            t.tags.append(c["outcome"])
     if not t.rows:
         return None
-    t.note = ("Smallest detectable: a true loss this large is caught 80% of the time (one-sided alpha 0.05) at "
-              "this run's size and spread; larger than the limit (marked) means a pass here cannot rule out a "
-              "loss as big as the bar. To settle it: the size at which the 95% interval clears the bar with that "
-              "power, if the estimate holds.")
+    t.note = _power_note(blocks)
     return t
 
 
-def _effect_format(bar: str) -> Any:
-    """Drops of recall or accuracy are absolute; perplexity and speed bars are relative (%)."""
-    if bar in ("needle_recall_drop_max", "task_accuracy_drop_max", "kl_mean_max", "top1_agreement_min"):
-        return lambda x: f"{x:.3f}"
-    return lambda x: pct(x, False)
-
-
-def _mean(values: list[float]) -> float | None:
-    return float(np.mean(values)) if values else None
+def _power_note(blocks: list[dict[str, Any]]) -> str:
+    """What the Power columns mean, with the test's own alpha and power as the checks recorded them."""
+    new = next((b for b in blocks if "alpha_one_sided" in b), None)
+    alpha, power = (new or {}).get("alpha_one_sided", 0.025), (new or {}).get("power", 0.8)
+    note = (f"Each bar is a one-sided test at {alpha:.1%} against the bar (the 95% interval's end), each way. "
+            f"Passes at most: the largest true loss this run passes with power {power:g}; fails at least: the "
+            f"smallest it fails with power {power:g} (at this run's size and spread; negative: even a candidate "
+            "equal to the reference would likely not pass). se: the standard error of the check's estimate (speed: "
+            "of the log ratio, where its interval is built). To settle it (inconclusive checks): the size at which "
+            "a candidate equal to the reference would pass every gating check of its family together with power "
+            f"{power:g}, with its range over the spread's own uncertainty (a run already that large: the estimate, "
+            "not the size, holds it back); a client-limited speed check is settled by a quieter client, not by more "
+            "runs.")
+    if any("detectable" in b for b in blocks):
+        note += (" Written under kvprobe.rules/2: its power figures were a size detectable against 0, not against "
+                 "the bar, so passes/fails at most are not recorded (-).")
+    return note
 
 
 def load_table(v: dict[str, Any]) -> TableData | None:
+    """Per server and case its own numbers (means over its runs); the speed checks are in speed_table."""
     probe = (v.get("probes") or {}).get("load")
     if not probe:
         return None
@@ -236,22 +290,58 @@ def load_table(v: dict[str, Any]) -> TableData | None:
         groups = runs_by_case(((probe.get("servers") or {}).get(name) or {}).get("cases") or [])
         for key in sorted(groups, key=natural_order):
             rows = groups[key]
-
-            def m(field_name: str, rows: list[dict[str, Any]] = rows) -> float | None:
-                return _mean([float(r[field_name]) for r in rows if isinstance(r.get(field_name), int | float)])
-
-            def s(x: float | None) -> str:
-                return "-" if x is None else f"{x:.3f}s"
-
-            errors = sum(int(r.get("errors") or 0) for r in rows)
-            cut = sum(int(r.get("incomplete") or 0) for r in rows)
-            failed = str(errors) + (f" (+{cut} cut off)" if cut else "")
-            t.rows.append([name, " ".join(key), str(len(rows)), num(sum(int(r.get("requests") or 0) for r in rows)),
-                           failed, num(m("output_tokens_per_s"), ".1f"), s(m("ttft_p99_s")), s(m("itl_p99_s")),
-                           s(m("e2e_p99_s")), "-" if m("kv_usage_max") is None else f"{m('kv_usage_max'):.1%}",
-                           num(m("preemptions"), ".0f")])
-            t.tags.append("broken" if errors or cut else None)
+            t.rows.append([name, " ".join(key), *_load_numbers(rows)])
+            t.tags.append("broken" if any(r.get("errors") or r.get("incomplete") for r in rows) else None)
     return t
+
+
+# The speed checks of one load case, by bar and metric (both rules name them so).
+_LOAD_CHECKS = (("throughput_drop_max", "throughput drop"), ("p99_latency_rise_max", "TTFT p99 rise"),
+                ("p99_latency_rise_max", "ITL p99 rise"), ("p99_latency_rise_max", "E2E p99 rise"))
+
+
+def speed_table(v: dict[str, Any]) -> TableData | None:
+    """Per candidate and load case, each speed check: the candidate/reference ratio with its 95%
+    interval and the check's outcome (client-limited: not judged)."""
+    if not (v.get("probes") or {}).get("load"):
+        return None
+    t = TableData("Speed against the reference", ["candidate", "case", "output tok/s", "TTFT p99", "ITL p99",
+                                                  "E2E p99"])
+    for name in v["decisions"]:
+        mine = [c for c in _checks_of(v, name) if c.get("probe") == "load"]
+        for case in dict.fromkeys(c.get("case") for c in mine):
+            here = [c for c in mine if c.get("case") == case]
+            # a case-less check stands for the whole probe (not measured): one per bar, no metric to match
+            found = [cells.find(here, bar, case, metric if case is not None else None) for bar, metric in _LOAD_CHECKS]
+            t.rows.append([name, case or "-", *(cells.ratio_text(c) for c in found)])
+            t.tags.append(_worst(*found))
+    if not t.rows:
+        return None
+    t.note = ("Candidate / reference per load case: the check's ratio with its 95% interval (Welch t on log values "
+              "over the repeated runs) and its outcome against the bars (throughput drop, p99 rise); not judged: "
+              "the client could have moved the case's numbers (client-limited), so the check is inconclusive.")
+    return t
+
+
+def _load_numbers(rows: list[dict[str, Any]]) -> list[str]:
+    """One case's own numbers: runs, requests, failed requests and the means over its runs."""
+    def m(field_name: str) -> float | None:
+        return _mean([float(r[field_name]) for r in rows if isinstance(r.get(field_name), int | float)])
+
+    def s(x: float | None) -> str:
+        return "-" if x is None else f"{x:.3f}s"
+
+    errors = sum(int(r.get("errors") or 0) for r in rows)
+    cut = sum(int(r.get("incomplete") or 0) for r in rows)
+    kv = m("kv_usage_max")
+    return [str(len(rows)), num(sum(int(r.get("requests") or 0) for r in rows)),
+            str(errors) + (f" (+{cut} cut off)" if cut else ""), num(m("output_tokens_per_s"), ".1f"),
+            s(m("ttft_p99_s")), s(m("itl_p99_s")), s(m("e2e_p99_s")), "-" if kv is None else f"{kv:.1%}",
+            num(m("preemptions"), ".0f")]
+
+
+def _mean(values: list[float]) -> float | None:
+    return float(np.mean(values)) if values else None
 
 
 def fill_table(v: dict[str, Any]) -> TableData | None:
@@ -274,11 +364,14 @@ def fill_table(v: dict[str, Any]) -> TableData | None:
 
 
 def checks_table(v: dict[str, Any]) -> TableData:
-    t = TableData("Every check", ["candidate", "bar", "case", "value", "interval", "limit", "outcome", "detail"])
+    """Every check of every candidate, in the verdict's own words (rules/3 checks by their stable id)."""
+    t = TableData("Every check", ["candidate", "check", "bar", "case", "value", "interval", "limit", "outcome",
+                                  "detail"])
     for name, d in v["decisions"].items():
         for c in d.get("checks") or []:
-            t.rows.append([name, c["bar"], c.get("case") or "-", pct(c.get("value")), interval(c.get("interval")),
-                           "-" if c.get("limit") is None else str(c["limit"]), c["outcome"], c["text"]])
+            t.rows.append([name, c.get("id") or cells.label(c), c["bar"], c.get("case") or "-",
+                           cells.value_text(c["bar"], c.get("value")), cells.interval_text(c), cells.limit_text(c),
+                           c["outcome"], c["text"]])
             t.tags.append(c["outcome"])
     return t
 
@@ -289,13 +382,6 @@ def probes_table(v: dict[str, Any]) -> TableData:
         t.rows.append([probe, status])
         t.tags.append(None if status == "ran" else "inconclusive")
     return t
-
-
-def _checks_by(v: dict[str, Any], bar: str) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = {}
-    for name, d in v["decisions"].items():
-        out[name] = [c for c in d.get("checks") or [] if c["bar"] == bar]
-    return out
 
 
 def left_out_table(v: dict[str, Any]) -> TableData | None:
@@ -309,6 +395,6 @@ def left_out_table(v: dict[str, Any]) -> TableData | None:
 
 def all_tables(v: dict[str, Any]) -> list[TableData]:
     tables = [decisions_table(v), left_out_table(v), servers_table(v), perplexity_table(v), agreement_table(v),
-              needle_table(v), tasks_table(v), load_table(v), fill_table(v), power_table(v), checks_table(v),
-              bars_table(v), probes_table(v)]
+              needle_table(v), tasks_table(v), load_table(v), speed_table(v), fill_table(v), power_table(v),
+              checks_table(v), bars_table(v), probes_table(v)]
     return [t for t in tables if t is not None]
