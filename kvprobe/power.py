@@ -51,6 +51,40 @@ def figures(n: int, unit: str, se: float | None, df: float | None, bar: float | 
     return out
 
 
+def binary_figures(n: int, bar: float | None) -> dict[str, Any]:
+    """passes_at_most / fails_at_least for n paired 0/1 outcomes judged by Tango's interval, exactly: for
+    a candidate that only loses answers (the way a broken KV format fails), with a true loss L each pair
+    is lost with probability L, and the check passes when the lost count keeps the interval's upper end
+    within the bar (fails when its lower end clears it). A normal approximation with the interval's own
+    width would say even 40 matching needles cannot pass a 0.10 bar at power 0.8; they pass every time."""
+    from scipy import stats as st
+    from scipy.optimize import brentq
+
+    from kvprobe.stats import paired_binary_interval
+
+    out: dict[str, Any] = {"passes_at_most": None, "fails_at_least": None, "model": "the candidate only loses answers"}
+    if bar is None or n < 1:
+        return out
+
+    def largest(ok: Any) -> int:
+        """The largest lost count k in [-1, n] with ok(k) (ok holds for a prefix of 0..n)."""
+        lo, hi = -1, n
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if ok(mid) else (lo, mid - 1)
+        return lo
+
+    pass_k = largest(lambda k: paired_binary_interval(n, k, 0).hi <= bar)
+    fail_k = largest(lambda k: not paired_binary_interval(n, k, 0).lo > bar) + 1  # the fewest lost that fail
+    if pass_k >= 0:
+        p_pass = lambda q: float(st.binom.cdf(pass_k, n, q)) - POWER  # noqa: E731
+        out["passes_at_most"] = 1.0 if p_pass(1.0) >= 0 else float(brentq(p_pass, 0.0, 1.0, xtol=1e-10))
+    if fail_k <= n:
+        p_fail = lambda q: float(st.binom.sf(fail_k - 1, n, q)) - POWER  # noqa: E731
+        out["fails_at_least"] = 0.0 if p_fail(0.0) >= 0 else float(brentq(p_fail, 0.0, 1.0, xtol=1e-10))
+    return out
+
+
 def _size_for(sd_unit: float, margin: float, power: float, df_of: Any) -> int | None:
     """The smallest m with (t_(1-alpha) + t_power) x sd_unit / sqrt(m) <= margin."""
     if margin <= 0 or sd_unit <= 0:

@@ -25,7 +25,7 @@ def test_canary_settings_are_small_and_keep_smaller_user_settings():
     assert config.load.duration_s is None
     assert config.bars == parse_config(SERVERS).bars  # same bars as a full run
     full = parse_config(SERVERS)
-    assert canary_config(full).needle.count == 4 and full.needle.count == 20
+    assert canary_config(full).needle.count == 4 and full.needle.count == 40
 
 
 def test_canary_probes_are_capacity_and_whatever_is_installed():
@@ -75,4 +75,4 @@ def test_needle_recall_fall_fails(tmp_path):
         m.needle["servers"]["cand"].update(hit=15, miss=5, recall=0.75)
 
     drift = compare_with_baseline(*_verdicts(tmp_path, fewer), "base")
-    assert drift["fails"] == ["cand: needle recall fell 1.00 -> 0.75 (bar 0.00)"]
+    assert drift["fails"] == ["cand: needle recall fell 1.00 -> 0.75 (bar 0.10)"]

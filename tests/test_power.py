@@ -71,3 +71,16 @@ def test_paired_01_outcomes_are_sized_from_their_disagreement_and_never_below_th
     assert agreeing["needed"] == 35  # 20 needles that all agree: 35 would pass, not hundreds
     disagreeing = power.needed(block, 0.10, family=1, sd_unit=(4 / 20) ** 0.5, floor=35)
     assert disagreeing["needed"] > 35
+
+
+def test_binary_figures_are_exact_for_a_candidate_that_only_loses() -> None:
+    from scipy.stats import binom
+
+    block = power.binary_figures(40, 0.10)
+    # 0 lost of 40 passes 0.10, 1 lost does not: P(pass) = P(no loss) = (1 - L)^40 = 0.8 at passes_at_most
+    assert (1 - block["passes_at_most"]) ** 40 == pytest.approx(0.8)
+    assert block["fails_at_least"] > 0.10
+    assert power.binary_figures(20, 0.10)["passes_at_most"] is None  # 20 pairs cannot pass 0.10 at all
+    big = power.binary_figures(1000, 0.05)
+    assert 0.0 < big["passes_at_most"] < 0.05 < big["fails_at_least"] < 0.1
+    assert binom.cdf(0, 40, block["passes_at_most"]) == pytest.approx(0.8)

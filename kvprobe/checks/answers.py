@@ -163,7 +163,7 @@ def score_check(p: Pairing, *, check_id: str, bar: str, metric: str, probe: str,
                        candidate_cut_reference_answered=p.cand_cut_ref_answered,
                        reference_cut_candidate_answered=p.ref_cut_cand_answered, **extra)
     if p.binary and higher_is_better:
-        return with_power(check, p.scored, unit, iv.se, iv.df, limit, df_kind="z",
+        return with_power(check, p.scored, unit, iv.se, iv.df, limit, binary=True, df_kind="z",
                           **_binary_sizing(p.scored, extra["lost"] + extra["gained"], limit))
     return with_power(check, p.scored, unit, iv.se, iv.df, limit, sd_df=iv.df, df_kind="paired")
 
@@ -186,7 +186,7 @@ def cut_check(p: Pairing, *, check_id: str, probe: str, cand: str, limit: float,
     check = make_check(check_id, bar, metric, probe, outcome, text, value=iv.estimate, interval=[iv.lo, iv.hi],
                        limit=limit, case=case, pairs=p.cut_pairs, candidate_cut=p.cand_cut, reference_cut=p.ref_cut,
                        lost=p.cut_lost, gained=p.cut_gained)
-    return with_power(check, p.cut_pairs, unit, iv.se, None, limit, df_kind="z",
+    return with_power(check, p.cut_pairs, unit, iv.se, None, limit, binary=True, df_kind="z",
                       **_binary_sizing(p.cut_pairs, p.cut_lost + p.cut_gained, limit))
 
 
