@@ -1,8 +1,10 @@
-"""`kvprobe eval`: config -> inventory -> pin check -> probes -> files in the run directory.
+"""`kvprobe eval`: config -> inventory -> pin check -> fit -> probes -> files in the run directory.
 
 Exit status follows from what was found, most serious first: 2 cannot run (a server unreachable,
-wrong key, unreadable capacity), 3 invalid comparison, 4 a server is broken, then the verdict's own
-code (1: no candidate adopted and one fails or does not pass a bar; see kvprobe.verdict), 0 ok.
+wrong key, unreadable capacity, a probe setting written in servers.toml that does not fit the servers;
+a probe whose kvprobe defaults do not fit is not measured instead), 3 invalid comparison, 4 a server
+is broken, then the verdict's own code (1: no candidate adopted and one fails or does not pass a bar;
+see kvprobe.verdict), 0 ok.
 After the probes the verdict is written from what is on disk and signed (verdict.json(.sig)).
 """
 
@@ -116,6 +118,35 @@ async def _capacity_probe(ctx: EvalContext) -> dict[str, Any]:
         if sentence := (memmap.get("lever") or {}).get("sentence"):
             ctx.console.print(f"lever: {sentence}", highlight=False)
     return summary
+
+
+def fit_phase(ctx: EvalContext, probes: list[str]) -> list[str]:
+    """Before any probe measures anything, each requested probe that has a fit check says whether it
+    can run on the active servers (their max_model_len). A setting the operator wrote that does not fit
+    stops the run here, every such line at once (ConfigError, exit 2); kvprobe's own default that does
+    not fit leaves that probe not measured, recorded (`probe_cannot_run`, which the verdict reads) and
+    said, and the rest of the run goes on. Returns the probes to skip. A resumed run asks again: the
+    same servers give the same reason, a larger context lets the probe run."""
+    from kvprobe.probes import fit_checks
+
+    checks = fit_checks()
+    reasons: dict[str, str] = {}
+    problems: list[str] = []
+    for name in [p for p in PROBE_ORDER if p in probes and p in checks]:
+        try:
+            reason = checks[name](ctx)
+        except ConfigError as exc:
+            problems += exc.problems
+            continue
+        if reason is not None:
+            reasons[name] = reason
+    if problems:
+        raise ConfigError(problems)
+    for name, reason in reasons.items():
+        ctx.run.event("probe_cannot_run", probe=name, reason=reason)
+        ctx.console.print(f"[yellow]{name}: not measured:[/yellow] {escape(reason)}", highlight=False,
+                          soft_wrap=True)
+    return list(reasons)
 
 
 def cannot_run_lines(inventories: list[Inventory]) -> list[str]:
@@ -240,10 +271,12 @@ async def run_eval(
                 f"{inv.name}: KV capacity unknown: {'; '.join(inv.warnings) or 'no cache_config_info'}"
                 for inv in no_capacity], ctx)
         if invs[ref].serving:
-            budget = _Budget(ctx, inventories, deadline, probes) if deadline is not None else None
+            skipped = fit_phase(ctx, probes)
+            runnable = [p for p in probes if p not in skipped]  # the budget plans no time for the rest
+            budget = _Budget(ctx, inventories, deadline, runnable) if deadline is not None else None
             if budget is not None:
-                budget.plan(probes)
-            for name in [p for p in PROBE_ORDER if p in probes]:
+                budget.plan(runnable)
+            for name in [p for p in PROBE_ORDER if p in runnable]:
                 if budget is None:
                     ctx.results[name] = await table[name](ctx)
                 elif not await budget.run(name, table[name]):

@@ -228,6 +228,16 @@ def gather(run: RunDir) -> dict[str, Any]:
             pin = {k: v for k, v in pin.items() if k not in ("t", "kind")}
     requested = list(meta.get("probes") or [])
     cut = {e.get("probe") for e in run.events("budget_cut")}
+    # Probes the fit phase found unable to run on these servers at kvprobe's defaults, with why. The
+    # newest word per probe wins: a later session that ran it, or was cut running it, clears it; one
+    # that found it unable again says so with its own reason.
+    cannot: dict[str, str] = {}
+    for event in run.events():
+        probe = event.get("probe")
+        if event.get("kind") == "probe_cannot_run" and isinstance(probe, str):
+            cannot[probe] = str(event.get("reason"))
+        elif event.get("kind") in ("probe_done", "budget_cut") and isinstance(probe, str):
+            cannot.pop(probe, None)
     return {
         "reference": reference,
         "order": [s["name"] for s in servers_cfg],
@@ -239,6 +249,7 @@ def gather(run: RunDir) -> dict[str, Any]:
         "probes_status": {
             p: ("ran" if probes[p] is not None and not (p == "capacity" and capacity_source == "inventory")
                 else "from inventory" if p == "capacity" and probes[p] is not None
+                else f"cannot run: {cannot[p]}" if p in cannot
                 else "cut at the budget" if p in cut
                 else "requested, no results" if p in requested else "not run")
             for p in PROBES

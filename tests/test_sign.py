@@ -67,10 +67,10 @@ def signed_run(tmp_path):
     return run.path, allowed, key
 
 
-def flip_a_digit(path: Path, key: str = '"word_perplexity": 20.02') -> None:
+def flip_a_digit(path: Path, key: str = '"word_perplexity": 20.0') -> None:
     data = path.read_bytes()
     assert key.encode() in data
-    path.write_bytes(data.replace(key.encode(), key.replace("20.02", "20.03").encode(), 1))
+    path.write_bytes(data.replace(key.encode(), key.replace("20.0", "20.3").encode(), 1))
 
 
 @needs_ssh_keygen

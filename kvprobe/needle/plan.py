@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from kvprobe import fit
 from kvprobe.config import NeedleSettings
 from kvprobe.corpus import filler_text
 from kvprobe.errors import ConfigError
@@ -24,21 +25,26 @@ from kvprobe.needle.tokens import Encoder
 APPROXIMATE_MARGIN = 0.9
 
 
+def cap_misfit(settings: NeedleSettings, max_model_lens: dict[str, int | None]) -> fit.CapMisfit | None:
+    """The answer cap (max_tokens) leaves no room for a prompt on the tightest server."""
+    return fit.cap_misfit("needle", "max_tokens", settings.max_tokens, max_model_lens)
+
+
 def prompt_room(settings: NeedleSettings, max_model_lens: dict[str, int | None]) -> int | None:
     """The longest prompt (chat template included) every server accepts with max_tokens left for
-    the answer; refuses up front, with the numbers, any configured length that does not fit."""
-    known = {name: n for name, n in max_model_lens.items() if n}
-    if not known:
+    the answer; refuses up front, with the numbers, an answer cap or any configured length that does
+    not fit. (Whether a misfit is the operator's to fix or leaves the probe not measured is the fit
+    phase's call: kvprobe.probes.needle.cannot_run.)"""
+    tight = fit.tightest(max_model_lens)
+    if tight is None:
         if settings.lengths:
             return None
         raise ConfigError(["needle: no server reports max_model_len (/v1/models): give needle.lengths "
                            "in servers.toml"])
-    tightest = min(known, key=lambda n: known[n])
-    limit = known[tightest]
+    if misfit := cap_misfit(settings, max_model_lens):
+        raise ConfigError([misfit.error()])
+    tightest, limit = tight
     room = limit - settings.max_tokens
-    if room < 64:
-        raise ConfigError([f"needle.max_tokens = {settings.max_tokens} leaves {max(room, 0)} tokens for the "
-                           f"prompt within max_model_len {limit} of server {tightest!r}: lower needle.max_tokens"])
     too_long = [n for n in settings.lengths or [] if n > room]
     if too_long:
         n, also = too_long[-1], ", ".join(map(str, too_long[:-1]))

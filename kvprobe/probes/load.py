@@ -26,6 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from kvprobe.disk import DiskError, mkdir
 from kvprobe.errors import ConfigError, KvprobeError, Unreachable
 from kvprobe.evaluation import EvalContext
+from kvprobe.fit import tightest, written
 from kvprobe.load.client_load import limited
 from kvprobe.load.generator import CaseOutcome, CaseRunner
 from kvprobe.load.processes import START_DELAY_S, ShardJob, Workers, merge_client, processes_for, read_rows
@@ -43,6 +44,9 @@ from kvprobe.report.terminal import load_table, print_wide
 
 # Headroom for the chat template around the messages, in tokens.
 TEMPLATE_TOKENS = 64
+SLACK = 1.02
+# What sizes a shape's prompts: an operator who wrote one of these (or [[load.shapes]]) chose the shape.
+SHAPE_FIELDS = ("system_tokens", "turns", "tokens_per_turn", "max_output_tokens")
 RESET_REFUSED = ("not offered: vLLM serves /reset_prefix_cache only with VLLM_SERVER_DEV_MODE=1; each case's "
                  "prompts start with a fresh nonce instead, so they are uncached anyway")
 
@@ -55,21 +59,51 @@ def settings_digest(ctx: EvalContext) -> str:
     return hashlib.sha256(orjson.dumps(data, option=orjson.OPT_SORT_KEYS)).hexdigest()[:12]
 
 
+def shape_need(shape: Shape) -> int:
+    """Tokens the shape's last turn needs: its prompt, the reply and the chat template."""
+    # 2% slack: slices are sized by the densest tokenization measured, which other text may exceed
+    return int(shape.max_prompt_tokens() * SLACK) + shape.max_output_tokens + TEMPLATE_TOKENS
+
+
+def _misfits(ctx: EvalContext, shapes: list[Shape],
+             servers: list[str]) -> tuple[tuple[str, int] | None, list[tuple[Shape, int]]]:
+    """The tightest server (name, max_model_len), and each shape whose last turn is over its context,
+    with the tokens it needs; no misfit when no server reports max_model_len."""
+    tight = tightest({s: ctx.inventories[s].max_model_len for s in servers})
+    if tight is None:
+        return None, []
+    return tight, [(shape, need) for shape in shapes if (need := shape_need(shape)) > tight[1]]
+
+
 def _check_fits(ctx: EvalContext, shapes: list[Shape], servers: list[str]) -> None:
-    limits = [ctx.inventories[s].max_model_len for s in servers if ctx.inventories[s].max_model_len]
-    if not limits:
+    tight, over = _misfits(ctx, shapes, servers)
+    if tight is None or not over:
         return
-    limit = min(limits)
-    problems = []
-    for shape in shapes:
-        # 2% slack: slices are sized by the densest tokenization measured, which other text may exceed
-        need = int(shape.max_prompt_tokens() * 1.02) + shape.max_output_tokens + TEMPLATE_TOKENS
-        if need > limit:
-            problems.append(f"servers.toml: load: shape {shape.name!r}: the last turn needs about {need} tokens "
-                            f"(system {shape.system_tokens} + {shape.turns} turns x {shape.tokens_per_turn} "
-                            f"+ replies), over max_model_len {limit}: lower turns, tokens_per_turn or system_tokens")
-    if problems:
-        raise ConfigError(problems)
+    limit = tight[1]
+    raise ConfigError([f"servers.toml: load: shape {shape.name!r}: the last turn needs about {need} tokens "
+                       f"(system {shape.system_tokens} + {shape.turns} turns x {shape.tokens_per_turn} "
+                       f"+ replies), over max_model_len {limit}: lower turns, tokens_per_turn or system_tokens"
+                       for shape, need in over])
+
+
+def cannot_run(ctx: EvalContext) -> str | None:
+    """Why the load probe cannot run on these servers at kvprobe's default shape; None when it fits.
+    A shape the operator sized ([[load.shapes]], or a SHAPE_FIELDS value in [load]) that does not fit
+    raises ConfigError (exit 2) instead, as the probe itself would, but before any probe measures anything."""
+    settings = ctx.config.load
+    shapes, servers = shapes_of(settings), ctx.active()
+    tight, over = _misfits(ctx, shapes, servers)
+    if tight is None or not over:
+        return None
+    if settings.shapes or written(settings, *SHAPE_FIELDS):
+        _check_fits(ctx, shapes, servers)  # raises: the operator's shape, theirs to fix
+    (shape, need), = over  # kvprobe's default is one shape
+    server, limit = tight
+    room = int((limit - shape.max_output_tokens - TEMPLATE_TOKENS) / SLACK)
+    hint = f" (a last turn of up to about {room:,} prompt tokens fits)" if room > 0 else ""
+    return (f"its default shape needs about {need:,} tokens for the last turn (system {shape.system_tokens} + "
+            f"{shape.turns} turns x {shape.tokens_per_turn} + replies), over max_model_len {limit} of server "
+            f"{server!r}; set [load] system_tokens, turns and tokens_per_turn{hint} to measure it")
 
 
 async def _load_setup(ctx: EvalContext, digest: str) -> tuple[float, str]:
@@ -319,7 +353,10 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
         await _run_plan(ctx, shapes, plan, finished, digest, run_nonce, source, notes, servers, workers)
     summary = build_summary(ctx, digest, servers)
     ctx.run.write_json("load.json", summary)
-    print_wide(ctx.console, load_table(summary))
+    from kvprobe.checks import live_checks
+
+    checks = live_checks("load", summary, ctx.reference, list(summary["servers"]), ctx.config.bars)
+    print_wide(ctx.console, load_table(summary, checks))
     return summary
 
 

@@ -16,9 +16,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from kvprobe.client import Generation
 from kvprobe.errors import ConfigError, ServerError
 from kvprobe.evaluation import EvalContext
+from kvprobe.fit import tightest, written
 from kvprobe.needle.cases import check_templates, filler_words, make_cases
 from kvprobe.needle.placement import Filler
-from kvprobe.needle.plan import build_cases, fingerprint, grid, prompt_room
+from kvprobe.needle.plan import build_cases, cap_misfit, fingerprint, grid, prompt_room
 from kvprobe.needle.scoring import score
 from kvprobe.needle.summary import paired, server_summary
 from kvprobe.needle.tokens import Encoder, ServerEncoder, load_tiktoken
@@ -168,6 +169,22 @@ def summarise(ctx: EvalContext, plan_id: str, meta: dict[str, Any]) -> dict[str,
     return out
 
 
+def cannot_run(ctx: EvalContext) -> str | None:
+    """Why the needle probe cannot run on these servers at kvprobe's default settings; None when it
+    fits. A cap or lengths the operator wrote that do not fit raise ConfigError (exit 2) instead: the
+    same prompt_room the probe plans with, asked before any probe measures anything."""
+    settings = ctx.config.needle
+    contexts = {n: ctx.inventories[n].max_model_len for n in ctx.active()}
+    if tightest(contexts) is None and not settings.lengths:
+        return ("no server reports its max_model_len (/v1/models), so the default lengths cannot be sized; "
+                "set [needle] lengths to measure it")
+    misfit = cap_misfit(settings, contexts)
+    if misfit is not None and not written(settings, "max_tokens"):
+        return misfit.reason()
+    prompt_room(settings, contexts)
+    return None
+
+
 async def run(ctx: EvalContext) -> dict[str, Any]:
     names = ctx.active()
     if ctx.reference not in names:
@@ -184,6 +201,10 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
         await asyncio.gather(*jobs)
     summary = summarise(ctx, plan_id, meta)
     ctx.run.write_json("needle.json", summary)
-    ctx.console.print(needle_table(summary))
+    from kvprobe.checks import live_checks
+    from kvprobe.report.terminal import print_wide
+
+    checks = live_checks("needle", summary, ctx.reference, list(summary["servers"]), ctx.config.bars)
+    print_wide(ctx.console, needle_table(summary, checks))
     return summary
 

@@ -22,7 +22,9 @@ import orjson
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvprobe.corpus import TASKS_DIR
+from kvprobe.errors import ConfigError
 from kvprobe.evaluation import EvalContext
+from kvprobe.fit import CapMisfit, cap_misfit, written
 from kvprobe.probes.perplexity import is_server_failure, one_line, ordered_active, targets_for
 from kvprobe.quality import lmeval
 from kvprobe.quality.task_eval import SampleRow, TaskInfo, evaluate_task, load_task
@@ -79,6 +81,26 @@ def summarise(ref: str, names: list[str], infos: list[TaskInfo], rows: dict[tupl
     return {"reference": ref, "max_gen_toks": settings.max_gen_toks, "limit": settings.limit, "tasks": tasks}
 
 
+def _cap_misfit(ctx: EvalContext, infos: list[TaskInfo], names: list[str]) -> CapMisfit | None:
+    """The answer cap (max_gen_toks) leaves no room for a prompt on the tightest server. Only
+    generate_until tasks generate; vLLM refuses a max_tokens over max_model_len outright."""
+    if not any(i.chat for i in infos):
+        return None
+    contexts = {n: ctx.inventories[n].max_model_len for n in names}
+    return cap_misfit("tasks", "max_gen_toks", ctx.config.tasks.max_gen_toks, contexts)
+
+
+def cannot_run(ctx: EvalContext) -> str | None:
+    """Why the tasks probe cannot run on these servers at kvprobe's default answer cap; None when it
+    fits. A max_gen_toks the operator wrote that does not fit raises ConfigError (exit 2) instead."""
+    misfit = _cap_misfit(ctx, preflight(ctx.config), ctx.active())
+    if misfit is None:
+        return None
+    if written(ctx.config.tasks, "max_gen_toks"):
+        raise ConfigError([misfit.error()])
+    return misfit.reason()
+
+
 async def run(ctx: EvalContext) -> dict[str, Any]:
     settings = ctx.config.tasks
     ref = ctx.reference
@@ -89,6 +111,8 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
         return summary
     tasks_dir = folder(settings)
     infos = await asyncio.to_thread(preflight, ctx.config)
+    if misfit := _cap_misfit(ctx, infos, names):  # the fit phase stops this first; a direct call too
+        raise ConfigError([misfit.error()])
     max_length = min(ctx.inventories[n].max_model_len or 0 for n in names) or 0
     targets = await _targets(ctx, names, infos, max_length)
     keys = {i.name: settings_key(i, settings.limit, settings.max_gen_toks, max_length) for i in infos}
@@ -138,9 +162,11 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
     summary = summarise(ref, names, infos, rows, settings, ctx.broken)
     summary["tasks_dir"] = str(tasks_dir)
     ctx.run.write_json("tasks.json", summary)
+    from kvprobe.checks import live_checks
     from kvprobe.report.terminal import print_wide, tasks_table
 
-    print_wide(ctx.console, tasks_table(summary, ctx.config.bars))
+    checks = live_checks("tasks", summary, ctx.reference, names, ctx.config.bars)
+    print_wide(ctx.console, tasks_table(summary, checks))
     return summary
 
 

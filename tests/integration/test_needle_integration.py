@@ -99,7 +99,8 @@ def test_the_lossless_2x_is_at_most_one_case_apart(default_run: RunDir, vllm_ser
 
 def test_default_grid_and_token_exact_lengths(default_run: RunDir) -> None:
     data = default_run.read_json("needle.json")
-    assert data["settings"]["lengths"] == [1024, 3072, 5120, 7168]  # 8192 - 1024 for the answer
+    # 8192 - 1024 for the answer, 8 lengths x 5 depths
+    assert data["settings"]["lengths"] == [1024, 1902, 2779, 3657, 4535, 5413, 6290, 7168]
     assert data["settings"]["depths"] == [0.0, 0.25, 0.5, 0.75, 1.0]
     assert data["settings"]["tokenizer"] == "auto" and not data["settings"]["approximate"]
     plan = default_run.read_json("needle/cases.json")["cases"]

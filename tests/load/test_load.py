@@ -15,7 +15,7 @@ from replay import MultiReplay, Replay, capture
 from rich.console import Console
 
 from kvprobe.client import Client
-from kvprobe.config import Bars, LoadSettings, Slo, parse_config
+from kvprobe.config import LoadSettings, Slo, parse_config
 from kvprobe.evaluation import run_eval
 from kvprobe.load.stats import combine_repeats, request_row, summarize_run
 from kvprobe.load.workload import TextSource, conversation, request_body, shapes_of
