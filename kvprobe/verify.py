@@ -20,7 +20,7 @@ from kvprobe.errors import ConfigError
 from kvprobe.evidence import gather
 from kvprobe.sign import SignatureError, Signer, load_allowed_signers, verify
 from kvprobe.store import RunDir
-from kvprobe.verdict import INPUT_KEYS, rederive
+from kvprobe.verdict import INPUT_KEYS, RULES, rederive, same
 
 
 @dataclass
@@ -42,23 +42,26 @@ def locate(target: str | Path) -> Path:
     return path
 
 
-def _differences(recorded: Any, current: Any, where: str) -> list[str]:
+def _differences(recorded: Any, current: Any, where: str, shared_only: bool = False) -> list[str]:
     if isinstance(recorded, dict) and isinstance(current, dict):
         out = []
-        for key in sorted(set(recorded) | set(current), key=str):
-            out += _differences(recorded.get(key), current.get(key), f"{where}.{key}" if where else str(key))
+        keys = set(recorded) & set(current) if shared_only else set(recorded) | set(current)
+        for key in sorted(keys, key=str):
+            out += _differences(recorded.get(key), current.get(key), f"{where}.{key}" if where else str(key),
+                                shared_only)
         return out
-    return [] if recorded == current else [where]
+    return [] if same(recorded, current) else [where]
 
 
 def check_against_run(path: Path, verdict: dict[str, Any]) -> list[str]:
-    """Where the verdict's numbers differ from the run directory beside it (empty: they agree)."""
+    """Where the verdict's numbers differ from the run directory beside it (empty: they agree). A verdict
+    of older rules recorded its evidence in an older form: what both forms carry is compared."""
     run_dir = path.parent
     if not (run_dir / "run.json").is_file():
         return []
     current = gather(RunDir.open(run_dir))
     recorded = {k: verdict.get(k) for k in INPUT_KEYS}
-    return _differences(recorded, current, "")
+    return _differences(recorded, current, "", shared_only=verdict.get("rules") != RULES)
 
 
 def verify_verdict(target: str | Path, allowed_signers: str | Path | None = None,
@@ -85,4 +88,7 @@ def verify_verdict(target: str | Path, allowed_signers: str | Path | None = None
         raise SignatureError(f"{path}: the verdict's numbers differ from the run directory's files at {shown}")
     if not (path.parent / "run.json").is_file():
         result.notes.append("no run directory beside the verdict: its numbers were not compared with the probe files")
+    elif verdict.get("rules") != RULES:
+        result.notes.append(f"written under {verdict.get('rules')}: re-derived under those rules; of its numbers, "
+                            "those this kvprobe still reads from the probe files were compared with them")
     return result

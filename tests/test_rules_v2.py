@@ -33,3 +33,21 @@ def test_same_allows_the_last_digits_only() -> None:
     assert not same({"a": [0.337989565]}, {"a": [0.337989566]})
     assert not same({"a": "pass"}, {"a": "fail"})
     assert not same({"a": 1}, {"a": 1.0})
+
+
+def test_a_rules2_run_directory_agrees_with_its_verdict_where_both_forms_carry_numbers(tmp_path) -> None:
+    import gzip
+    import shutil
+
+    from kvprobe.verify import check_against_run
+
+    run = tmp_path / "xeon"
+    shutil.copytree(RUNS / "xeon-amx-demo", run)
+    for path in run.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    with gzip.open(run / "events.jsonl.gz", "rb") as packed:
+        (run / "events.jsonl").write_bytes(packed.read())
+    verdict = orjson.loads((run / "verdict.json").read_bytes())
+    assert check_against_run(run / "verdict.json", verdict) == []
+    verdict["probes"]["perplexity"]["servers"]["fp8"]["bits_per_byte"] = 4.0  # a number both forms carry
+    assert check_against_run(run / "verdict.json", verdict) == ["probes.perplexity.servers.fp8.bits_per_byte"]
