@@ -39,10 +39,20 @@ def config_file(tmp_path: Path, servers: list[dict], perplexity: str) -> Path:
     return path
 
 
-async def perplexity_of(path: Path, tmp_path: Path) -> dict:
+async def perplexity_of(path: Path, tmp_path: Path) -> tuple[dict, dict]:
+    """perplexity.json and the verdict's perplexity check of each candidate (the checks judge)."""
     run = RunDir.create(tmp_path / "run")
     await run_eval(load_config(path), run, ["perplexity"], Console(stderr=True))
-    return run.read_json("perplexity.json")
+    verdict = run.read_json("verdict.json")
+    checks = {name: next(c for c in d["checks"] if c["id"] == "perplexity.delta")
+              for name, d in verdict["decisions"].items()}
+    return run.read_json("perplexity.json"), checks
+
+
+def reference_moved(ref: dict) -> float:
+    """The reference's second run against its first, relative per passage: run-to-run noise only."""
+    (again,) = ref["repeat_ll"]
+    return max(abs(a - b) / abs(a) for a, b in zip(ref["passage_ll"], again, strict=True))
 
 
 def pair(vllm_servers) -> list[dict]:
@@ -54,11 +64,14 @@ async def test_a_jsonl_corpus_is_scored_against_the_reference(vllm_servers, tmp_
     texts = paragraphs(6)
     (tmp_path / "mine.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     servers = pair(vllm_servers)
-    summary = await perplexity_of(config_file(tmp_path, servers, 'passages = "mine.jsonl"'), tmp_path)
+    summary, checks = await perplexity_of(config_file(tmp_path, servers, 'passages = "mine.jsonl"'), tmp_path)
     assert summary["task"] == "kvprobe_ppl_own" and summary["passages_file"] == str(tmp_path / "mine.jsonl")
-    ref, lossy = (summary["servers"][s["name"]] for s in servers)
-    assert abs(ref["delta"]) < 0.001  # the reference's second run against its first: noise only
-    assert lossy["delta"] > 0.01 and lossy["outcome"] == "fail"  # the wrecking 2x fails on this text too
+    assert reference_moved(summary["servers"][servers[0]["name"]]) < 0.001
+    lossy = checks[servers[1]["name"]]
+    print(lossy["text"])  # the figure, in the test log (-s)
+    # The wrecking 2x is far worse on this text too (+15% on AMD AVX-512); 6 passages are too few for a t
+    # interval to pass a bar, and may be too few to fail it: a pass is what must never happen.
+    assert lossy["value"] > 0.01 and lossy["outcome"] in ("fail", "inconclusive")
     assert len(summary["passages"]) == len(texts)  # every line of the file was scored
 
 
@@ -70,9 +83,9 @@ async def test_an_lm_eval_task_folder_of_ones_own(vllm_servers, tmp_path: Path) 
     yaml = (TASKS_DIR / "perplexity" / "kvprobe_ppl.yaml").read_text().replace("task: kvprobe_ppl", "task: my_ppl")
     (folder / "my_ppl.yaml").write_text(yaml)
     servers = pair(vllm_servers)
-    summary = await perplexity_of(config_file(tmp_path, servers, 'task = "my_ppl"\ninclude_path = "my_tasks"'),
-                                  tmp_path)
+    summary, checks = await perplexity_of(
+        config_file(tmp_path, servers, 'task = "my_ppl"\ninclude_path = "my_tasks"'), tmp_path)
     assert summary["task"] == "my_ppl"
     # The reference's second run against its first: run-to-run noise, a small fraction of the 1% bar.
-    assert abs(summary["servers"][servers[0]["name"]]["delta"]) < 0.001
-    assert summary["servers"][servers[1]["name"]]["delta"] > 0.01
+    assert reference_moved(summary["servers"][servers[0]["name"]]) < 0.001
+    assert checks[servers[1]["name"]]["value"] > 0.01

@@ -25,7 +25,8 @@ TOKENS = 16_384  # the reference's pool: twice max_model_len, so one request alw
 
 def _pool(bed: Testbed) -> int:
     """Bytes for TOKENS at the reference's bytes per token (32 MiB for bfloat16, 64 MiB for float32)."""
-    return TOKENS * 2**30 // bed["reference"].kv_tokens
+    ref = bed["reference"]
+    return TOKENS * 2**30 * ref.spec.kv_space_gib // ref.kv_tokens
 
 
 @pytest.fixture(scope="module")

@@ -55,11 +55,12 @@ def test_avx2_testbed_lacks_only_the_lossless_2x_and_says_why() -> None:
     assert missing == ["lossless_2x"]
     assert [(sc.key, sc.name) for sc in bed.demo()] == [("reference", "auto"), ("no_start", "fp8"),
                                                        ("lossy_2x", "bfloat16")]
-    # The demo's pool is 2 GiB here, so its lossy server lives through the demo's ~500k tokens.
+    # The trio's pool is 2 GiB here, so its lossy server lives through the demo's ~500k tokens; the demo and
+    # the tests share the very servers.
     assert [sc.kv_tokens for sc in bed.demo()] == [524_288, None, 1_048_576]
+    assert [sc.spec for sc in bed.demo()] == [bed[k].spec for k in ("reference", "no_start", "lossy_2x")]
     ref, lossy = bed["reference"].spec, bed["lossy_2x"].spec
     assert ref.dtype == lossy.dtype == "float32"  # the pair differs only in the KV dtype
-    assert [bed[k].kv_tokens for k in ("reference", "lossy_2x", "no_start")] == [262_144, 524_288, None]
     # float16 KV on float32 weights would double the pool too: the no-gain pair has its own reference.
     assert bed["no_gain"].reference == "reference_bf16"
     assert bed["no_gain"].kv_tokens == bed["reference_bf16"].kv_tokens == 524_288
