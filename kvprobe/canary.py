@@ -1,8 +1,10 @@
 """`kvprobe canary`: the same verdict from a fast subset of every probe, and drift against a baseline.
 
 The subset is the config's own probe settings made small (a setting already smaller is kept):
-inventory smoke, capacity, 2 perplexity passages, 1 agreement passage, 4 needles, one load case of
-2 agents repeated twice. Minutes, not hours; the bars are the same as for a full run.
+inventory smoke, capacity, 4 perplexity passages, 1 agreement passage, 8 needles, one load case of
+2 agents repeated twice. Minutes, not hours; the bars are the same as for a full run. At these sizes a
+wrecked format fails, but nothing can pass a quality bar (that needs 8 passages and ~35 needles): the
+canary catches breakage and drift, the full eval decides adoption.
 
 Drift against a verified baseline verdict (same servers file, earlier run): a server's capacity
 that fell by more than capacity_gain_min, a candidate's perplexity delta that rose by more than
@@ -18,9 +20,11 @@ from rich.table import Table
 
 from kvprobe.config import Config
 
-CANARY_PERPLEXITY = {"limit": 2}
+# The fewest that can still fail a wrecked format (a t interval over 2 passages has 1 degree of freedom and
+# spans -77%..+484% for a +16% rise; 4 lost needles of 4 cannot clear a 0.10 margin, 8 can); too few to pass.
+CANARY_PERPLEXITY = {"limit": 4}
 CANARY_AGREEMENT = {"passages": 1, "max_tokens_per_passage": 512}
-CANARY_NEEDLE = {"count": 4}
+CANARY_NEEDLE = {"count": 8}
 CANARY_LOAD = {"agents": [2], "repeats": 2, "turns": 2, "requests_per_case": 4}
 
 

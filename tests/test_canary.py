@@ -18,14 +18,14 @@ SERVERS = {"server": [{"name": "a", "url": "http://127.0.0.1:1", "role": "refere
 def test_canary_settings_are_small_and_keep_smaller_user_settings():
     config = canary_config(parse_config({**SERVERS, "needle": {"count": 2}, "load": {"agents": [8, 16],
                                                                                      "duration_s": 600}}))
-    assert config.perplexity.limit == 2
+    assert config.perplexity.limit == 4
     assert config.agreement.passages == 1
     assert config.needle.count == 2  # the user's 2 is already fewer than the canary's 4
     assert config.load.agents == [8] and config.load.repeats == 2 and config.load.requests_per_case == 4
     assert config.load.duration_s is None
     assert config.bars == parse_config(SERVERS).bars  # same bars as a full run
     full = parse_config(SERVERS)
-    assert canary_config(full).needle.count == 4 and full.needle.count == 40
+    assert canary_config(full).needle.count == 8 and full.needle.count == 40
 
 
 def test_canary_probes_are_capacity_and_whatever_is_installed():

@@ -9,7 +9,7 @@ no room for a needle prompt in 512 tokens, and the default load shape needs ~1,9
 not measured, each saying why, and the candidate is `no_gain` with exit 0, not a stop with exit 2.
 
 Two server starts side by side (~35-90 s each on 2 cores), then a few seconds of inventory: about 1.5-3
-minutes in all. A tiny hybrid server takes ~3.4 GB, so the pair is stopped when this module is done.
+minutes in all. A tiny hybrid server takes ~3.4 GB: the candidate is stopped when this module is done.
 """
 
 from __future__ import annotations
@@ -47,14 +47,15 @@ def float16_pair() -> Comparison:
 @pytest.fixture(scope="module")
 def pair(start_servers) -> Iterator[Comparison]:
     """Started through the session's start_servers, which stops what it started at the session's end
-    whatever happens; stopped here as soon as this module is done (servers already running, like the
-    demo's, are left alone)."""
+    whatever happens. The candidate is stopped as soon as this module is done; the reference is the
+    `ssm_default` comparison's own, which tests/integration/test_hybrid_lever.py reuses next (one start
+    saved, ~50 s on 2 cores). Servers already running, like the demo's, are left alone."""
     c = float16_pair()
     servers = start_servers([c.reference, *c.candidates.values()])
     try:
         yield c
     finally:
-        for server in servers:
+        for server in servers[1:]:
             if not server.reused:
                 server.stop()
 

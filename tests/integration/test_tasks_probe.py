@@ -138,7 +138,8 @@ async def test_answers_the_cap_cuts_on_both_sides_are_left_out_and_counted(vllm_
     # 8 tokens: needle-llama restates the fact in <think> first, so every answer is cut before it.
     run, _ = await evaluate(config_file(tmp_path, [ref, again], "limit = 4\nmax_gen_toks = 8"), tmp_path / "run")
     own = run.read_json("tasks.json")["tasks"]["kvprobe_qa"]["servers"][ref["name"]]
-    assert own == {"accuracy": None, "documents": 4, "scored": 0, "truncated": 4}
+    assert own == {"accuracy": None, "documents": 4, "scored": 0, "truncated": 4,
+                   "rows": [[d, 0.0, True] for d in range(4)]}
     assert {e["finish_reason"] for e in run.events("tasks_sample")} == {"length"}
     check = task_check(run.read_json("verdict.json"), "same_server")
     assert check["outcome"] == "inconclusive" and check["scored"] == 0

@@ -288,7 +288,8 @@ def test_server_without_tokenizer_info_uses_the_tokenizer_path(vllm_servers, tmp
         ppl = outcome.ctx.results["perplexity"]
         assert ppl["tokenizers"] == {"auto": "server /tokenize", "fp8": f"local {NEEDLE_LLAMA}"}
         check = _check(RunDir(tmp_path / "a"), "fp8", "perplexity.delta")
-        assert check["value"] == 0.0 and check["interval"] == [0.0, 0.0]  # the same server: bit-identical
+        # the same server, its passages tokenized two ways to the same ids: the same numbers, to rounding
+        assert abs(check["value"]) < 1e-6 and max(map(abs, check["interval"])) < 1e-5
         # Same tokens under both tokenizers: the per-document token and byte counts line up.
         docs = [e for e in RunDir(tmp_path / "a").events("perplexity_doc") if e["repeat"] == 1]
         by_server = {s: [(d["tokens"], d["bytes"]) for d in docs if d["server"] == s] for s in ("auto", "fp8")}
