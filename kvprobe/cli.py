@@ -232,7 +232,7 @@ def _run(config, run: RunDir, probe_list: list[str], key: Path | None, resume: b
                       soft_wrap=True)  # one line, for copy and paste
     try:
         outcome = run_eval_sync(config, run, probe_list, err_console, signing_key=signing_key, resume=resume,
-                                left_out=left_out, deadline=deadline)
+                                left_out=left_out, deadline=deadline, advise=servers_file is not None)
         verdict = outcome.ctx.results.get("verdict")
         if verdict is not None:
             _report(run, verdict)

@@ -120,6 +120,23 @@ async def _capacity_probe(ctx: EvalContext) -> dict[str, Any]:
     return summary
 
 
+def say_sizing(ctx: EvalContext, probes: list[str]) -> None:
+    """One line per bar the planned sizes cannot pass (kvprobe.design), said before anything is measured
+    and kept in the events log."""
+    from kvprobe.design import sizing_notes
+
+    documents = None
+    if "tasks" in probes:
+        from kvprobe.probes.tasks import preflight
+
+        documents = {info.name: info.documents for info in preflight(ctx.config)}  # cached: no second load
+    said = {e.get("text") for e in ctx.run.events("sizing_note")}
+    for line in sizing_notes(ctx.config, probes, documents):
+        ctx.console.print(f"[yellow]sizing:[/yellow] {escape(line)}", highlight=False, soft_wrap=True)
+        if line not in said:
+            ctx.run.event("sizing_note", text=line)
+
+
 def fit_phase(ctx: EvalContext, probes: list[str]) -> list[str]:
     """Before any probe measures anything, each requested probe that has a fit check says whether it
     can run on the active servers (their max_model_len). A setting the operator wrote that does not fit
@@ -221,8 +238,10 @@ async def run_eval(
     resume: bool = False,
     left_out: list[dict[str, str]] | None = None,
     deadline: float | None = None,
+    advise: bool = True,
 ) -> EvalOutcome:
-    """`deadline`: the canary's --budget ends then (time.monotonic(); kvprobe.budget)."""
+    """`deadline`: the canary's --budget ends then (time.monotonic(); kvprobe.budget). `advise`: say which
+    bars the planned sizes cannot pass (not for the canary, whose small sizes are its point)."""
     _write_run_json(run, config, probes, resume, left_out)
     from kvprobe.probes import preflights
 
@@ -273,6 +292,8 @@ async def run_eval(
         if invs[ref].serving:
             skipped = fit_phase(ctx, probes)
             runnable = [p for p in probes if p not in skipped]  # the budget plans no time for the rest
+            if advise:
+                say_sizing(ctx, runnable)
             budget = _Budget(ctx, inventories, deadline, runnable) if deadline is not None else None
             if budget is not None:
                 budget.plan(runnable)

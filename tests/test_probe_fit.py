@@ -321,3 +321,25 @@ def test_a_context_too_short_for_any_cap_suggests_none() -> None:
     misfit = CapMisfit("needle", "max_tokens", 1024, "auto", 70)
     assert misfit.reason() == ("its default answer cap (max_tokens 1024) leaves 0 tokens for a prompt within "
                                "max_model_len 70 of server 'auto'; set [needle] max_tokens to measure it")
+
+
+# -- sizing: bars the planned sizes cannot pass, said before anything is measured --------------------
+
+async def test_bars_the_sizes_cannot_pass_are_said_up_front_and_kept(tmp_path: Path) -> None:
+    servers = fleet(max_model_len=4096)
+    _, run, printed = await evaluate(tmp_path, servers, ["capacity", "needle"], needle={"count": 20},
+                                     bars={"needle_recall_drop_max": 0.0})
+    assert "sizing: needle_recall_drop_max = 0 can only fail or be inconclusive" in printed
+    assert "sizing: needle.count = 20 cannot pass truncation_rise_max = 0.1" in printed
+    notes = [e["text"] for e in run.events("sizing_note")]
+    assert len(notes) == 2
+    # said before any needle was asked
+    assert kinds(run).index("sizing_note") < kinds(run).index("needle_case")
+
+
+async def test_the_canary_says_nothing_of_its_deliberately_small_sizes(tmp_path: Path) -> None:
+    config = canary_config(parse_config({"server": SERVERS}))
+    console = Console(file=io.StringIO(), width=400)
+    await run_eval(config, RunDir.create(tmp_path / "run"), ["capacity", "needle"], console,
+                   transport=fleet(max_model_len=4096).transport(), advise=False)
+    assert "sizing:" not in console.file.getvalue()
