@@ -1,13 +1,15 @@
 """Real runs judged under the current rules (tests/recorded.py rebuilds each probe summary from the run's
 own events): an Intel Xeon with AMX where int8_per_token_head writes garbage (all 20 needle answers and 34
-of 40 QA answers ran to the 1024-token cap), and real vLLM on an NVIDIA H200 where the same format holds
-quality. Each test asserts what the evidence must make the verdict say, never a number one machine made."""
+of 40 QA answers ran to the 1024-token cap), an AMD EPYC with AVX2 only where bfloat16 KV on float32
+weights misses most needles and runs 13 of 40 to the cap (a rules/3 run), and real vLLM on an NVIDIA H200
+where int8_per_token_head holds quality. Each test asserts what the evidence must make the verdict say,
+never a number one machine made."""
 
 from __future__ import annotations
 
 import orjson
 import pytest
-from recorded import rejudge
+from recorded import RUNS, rejudge
 
 from kvprobe.verdict import rederive, verdict_bytes
 
@@ -83,6 +85,25 @@ def test_power_rows_are_named_by_metric_and_computed_after_the_client_limited_ov
     assert limited and all(c["outcome"] == "inconclusive" for c in limited)
     assert all(c["power"].get("client_limited") and c["power"]["needed"] is None for c in limited)
     assert all("more runs do not help; a quieter client does" in c["text"] for c in limited)
+
+
+def test_the_amd_avx2_demo_verdict_rederives_as_recorded_and_again_from_its_events(tmp_path) -> None:
+    recorded = orjson.loads((RUNS / "amd-avx2-demo" / "verdict.json").read_bytes())
+    assert recorded["rules"] == "kvprobe.rules/3" and rederive(recorded) == []
+    _, again = rejudge("amd-avx2-demo", tmp_path)
+    assert again["decisions"] == recorded["decisions"] and again["exit_code"] == recorded["exit_code"] == 1
+
+
+def test_on_amd_avx2_the_wrecking_2x_is_rejected_naming_misses_and_answers_cut(tmp_path) -> None:
+    verdict = orjson.loads((RUNS / "amd-avx2-demo" / "verdict.json").read_bytes())
+    d = verdict["decisions"]["bfloat16"]
+    assert d["decision"] == "reject" and verdict["run"]["left_out"][0]["name"] == "fp8"
+    checks = _checks(verdict, "bfloat16")
+    for check_id in ("perplexity.delta", "needle.recall_drop", "needle.truncation_rise", "tasks.kvprobe_qa.drop"):
+        assert checks[check_id]["outcome"] == "fail", checks[check_id]["text"]
+    assert "bfloat16 ran past the 1024-token cap on" in " ".join(d["reasons"])
+    # it answers the short QA documents within the cap, wrongly: only the needles' long prompts make it ramble
+    assert checks["tasks.kvprobe_qa.truncation_rise"]["outcome"] == "pass"
 
 
 @pytest.mark.parametrize("name", ["xeon-amx-demo", "h200-gpu", "h200-gpu-hybrid-kv", "h200-gpu-hybrid-ssm"])

@@ -15,7 +15,15 @@ RUNS = Path(__file__).parent / "fixtures" / "runs"
 INPUT_KEYS = ("reference", "order", "bars", "servers", "pin", "broken", "probes", "probes_status")
 
 
-@pytest.mark.parametrize("run", sorted(p.name for p in RUNS.iterdir() if p.is_dir()))
+RULES2_RUNS = sorted(p.name for p in RUNS.iterdir()
+                     if p.is_dir() and orjson.loads((p / "verdict.json").read_bytes())["rules"] == rules_v2.RULES)
+
+
+def test_the_recorded_rules2_runs_are_there() -> None:
+    assert RULES2_RUNS == ["h200-gpu", "h200-gpu-hybrid-kv", "h200-gpu-hybrid-ssm", "xeon-amx-demo"]
+
+
+@pytest.mark.parametrize("run", RULES2_RUNS)
 def test_a_recorded_rules2_verdict_re_derives_exactly(run: str) -> None:
     verdict = orjson.loads((RUNS / run / "verdict.json").read_bytes())
     assert verdict["rules"] == rules_v2.RULES and verdict["schema"] == rules_v2.SCHEMA
