@@ -21,6 +21,9 @@ from replay import capture
 from kvprobe.client import Client
 from kvprobe.errors import Unreachable
 
+# timing-sensitive: scripts/test runs these alone, after the parallel unit tests
+pytestmark = pytest.mark.serial
+
 ANSWER = capture("reasoning-deepseek_r1-8104", "chat")
 Reset = Callable[[int, int], bool]  # (connection number, request number on it) -> reset instead of answering
 

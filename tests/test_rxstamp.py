@@ -12,6 +12,9 @@ import pytest
 from kvprobe import rxstamp
 from kvprobe.streaming import _chunk_ends, _Framing
 
+# timing-sensitive: scripts/test runs these alone, after the parallel unit tests
+pytestmark = pytest.mark.serial
+
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 
 

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from replay import capture
 
 from kvprobe.client import Client
 from kvprobe.streaming import StreamPool
+
+# timing-sensitive: scripts/test runs these alone, after the parallel unit tests
+pytestmark = pytest.mark.serial
 
 R1 = "reasoning-deepseek_r1-8104"
 

@@ -2,8 +2,10 @@
 --reasoning-parser deepseek_r1, KV dtypes side by side: the testbed's trio (the reference, a lossy 2x and,
 where this CPU runs one, a lossless 2x candidate; kvprobe.servers.testbed).
 
-One default run (40 needles, 1k..7168 tokens, depths 0-100%, max_tokens 1024, temperature 0, the default
-bars) on the three servers at once is shared by the tests of this module; two small runs check the cap
+One run at the default settings but 20 needles (the grid is the default one, 1k..7168 tokens by depths
+0-100%, so the 20 fill its four shortest lengths; max_tokens 1024, temperature 0, the default bars) on the
+three servers at once is shared by the tests of this module: 20 pairs already fail a lost-needle candidate,
+and the 40 of the default are the demo's (`scripts/demo`); two small runs check the cap
 and the up-front refusal. What the lossy candidate does differs by CPU kind (it misses on AMD, it runs
 every answer to the cap on Intel AMX): the tests assert what the verdict must conclude from either."""
 
@@ -25,6 +27,7 @@ from kvprobe.store import RunDir
 
 pytestmark = pytest.mark.integration
 
+CASES = 20  # of the default grid's 40 cells, length-major: the four shortest lengths
 
 
 def _config(servers, only_reference: bool = False, **needle):
@@ -40,7 +43,7 @@ def _name(servers, key: str) -> str:
 async def default_run(vllm_servers, tmp_path_factory) -> RunDir:
     run = RunDir.create(tmp_path_factory.mktemp("needle") / "run")
     console = Console(file=io.StringIO(), width=120)
-    outcome = await run_eval(parse_config(_config(vllm_servers)), run, ["needle"], console)
+    outcome = await run_eval(parse_config(_config(vllm_servers, count=CASES)), run, ["needle"], console)
     # The lossy 2x candidate loses its needles, so the verdict rejects it and nothing else is adopted
     # on the needle probe alone: exit 1, "the recommended change fails a bar".
     assert outcome.exit_code == 1, outcome.messages
@@ -60,11 +63,11 @@ def test_reference_and_lossless_find_the_needles_in_reasoning_and_content(defaul
     name = _name(vllm_servers, key)
     data = default_run.read_json("needle.json")
     row = data["servers"][name]
-    assert row["cases"] == 40
-    assert row["hit"] >= 37, row  # measured 20/20 on AMD, 19/20 on Intel AMX
+    assert row["cases"] == CASES
+    assert row["hit"] >= CASES - 2, row  # measured 20/20 on AMD, 19/20 on Intel AMX
     # needle-llama restates the fact inside <think> and answers after it
     both = [c for c in data["cases"] if c["server"] == name and c["found_in"] == ["content", "reasoning"]]
-    assert len(both) >= 37
+    assert len(both) >= CASES - 2
 
 
 def _checks(run: RunDir, name: str) -> dict[str, dict]:
@@ -75,10 +78,10 @@ def test_the_lossy_2x_is_rejected_naming_the_evidence_that_failed(default_run: R
     data = default_run.read_json("needle.json")
     lossy = _name(vllm_servers, "lossy_2x")
     row = data["servers"][lossy]
-    assert row["hit"] <= 10  # measured 3 of 20 on AMD (6 cut), 0 of 20 on Intel AMX (20 cut)
+    assert row["hit"] <= CASES // 4  # measured 3 of 20 on AMD AVX2 (1 cut), 0 of 20 on Intel AMX (20 cut)
     recall = _checks(default_run, lossy)["needle.recall_drop"]
     assert recall["outcome"] == "fail" and recall["interval"][0] > 0.3
-    assert recall["pairs"] == 40 and recall["scored"] >= 36  # cut answers are scored, not dropped
+    assert recall["pairs"] == CASES and recall["scored"] >= CASES - 2  # cut answers are scored, not dropped
     reasons = " ".join(default_run.read_json("verdict.json")["decisions"][lossy]["reasons"])
     assert "fails needle_recall_drop_max" in reasons
     if row["truncated"]:  # where it rambles to the cap, the reasons say so, and the truncation bar holds it
@@ -118,7 +121,7 @@ def test_default_grid_and_token_exact_lengths(default_run: RunDir) -> None:
 
 def test_max_tokens_is_honoured(default_run: RunDir, vllm_servers) -> None:
     events = list(default_run.events("needle_case"))
-    assert len(events) == 40 * len(trio(vllm_servers))
+    assert len(events) == CASES * len(trio(vllm_servers))
     assert all(e["completion_tokens"] <= 1024 for e in events)
     assert all(e["completion_tokens"] == 1024 for e in events if e["finish_reason"] == "length")
     heat = default_run.read_json("needle.json")["heatmaps"]

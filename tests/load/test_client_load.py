@@ -7,10 +7,14 @@ import asyncio
 import time
 from pathlib import Path
 
+import pytest
 from verdict_inputs import Measurements
 
 from kvprobe.load.client_load import limited, watching
 from kvprobe.verdict import build_verdict, rederive
+
+# timing-sensitive: scripts/test runs these alone, after the parallel unit tests
+pytestmark = pytest.mark.serial
 
 
 async def test_a_blocked_loop_shows_as_loop_lag_and_cpu() -> None:

@@ -21,6 +21,9 @@ from kvprobe.load.processes import START_DELAY_S, ShardJob, Workers, read_rows
 from kvprobe.load.workload import shapes_of
 from kvprobe.servers.launcher import free_port, healthy
 
+# timing-sensitive: scripts/test runs these alone, after the parallel unit tests
+pytestmark = pytest.mark.serial
+
 MOCK = Path(__file__).resolve().parents[2] / "benchmarks" / "mock_server.py"
 
 
