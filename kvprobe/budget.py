@@ -87,6 +87,12 @@ def smoke_rate(inventories: list[Inventory]) -> float | None:
     return min(rates) if rates else None
 
 
+def _first_look(config: Config) -> int:
+    from kvprobe.sequential import of_settings
+
+    return of_settings(config.load).looks[0]
+
+
 def _costs(config: Config, servers: int, rate: float, max_model_len: int) -> dict[str, Any]:
     """Seconds per unit of each probe, and its fixed part."""
     passes = servers + config.perplexity.reference_repeats - 1
@@ -100,9 +106,10 @@ def _costs(config: Config, servers: int, rate: float, max_model_len: int) -> dic
         "agreement": passes * config.agreement.max_tokens_per_passage / rate,
         "needle": servers * (needle_len / rate + NEEDLE_ANSWER_TOKENS * DECODE_S_PER_TOKEN)
         / config.needle.concurrency,
-        # Per request, over the repeats and the servers, plus each case's settle pause and warm-up.
-        "load": servers * load.repeats * per_request / agents,
-        "load_fixed": servers * (load.repeats * load.settle_s + (per_request if load.warmup else 0)),
+        # Per request, over the blocks to the design's first look and the servers, plus each case's settle
+        # pause and warm-up; the probe stops its blocks at the deadline by itself.
+        "load": servers * _first_look(config) * per_request / agents,
+        "load_fixed": servers * (_first_look(config) * load.settle_s + (per_request if load.warmup else 0)),
     }
 
 
@@ -149,7 +156,7 @@ def plan_budget(config: Config, probes: list[str], inventories: list[Inventory],
         plan.sizes["needle"] = {"needles": units["needle"]}
     if "load" in plan.probes:
         update["load"] = config.load.model_copy(update={"requests_per_case": units["load"]})
-        plan.sizes["load"] = {"requests per case": units["load"], "repeats": config.load.repeats}
+        plan.sizes["load"] = {"requests per case": units["load"], "blocks": f"up to {config.load.blocks}"}
     if "agreement" in plan.probes:
         plan.sizes["agreement"] = {"passages": 1}
     for p in plan.probes:

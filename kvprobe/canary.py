@@ -2,7 +2,7 @@
 
 The subset is the config's own probe settings made small (a setting already smaller is kept):
 inventory smoke, capacity, 4 perplexity passages, 1 agreement passage, 8 needles, one load case of
-2 agents repeated twice. Minutes, not hours; the bars are the same as for a full run. At these sizes a
+2 agents in up to 8 paired blocks. Minutes, not hours; the bars are the same as for a full run. At these sizes a
 wrecked format fails, but nothing can pass a quality bar (that needs 8 passages and ~35 needles): the
 canary catches breakage and drift, the full eval decides adoption.
 
@@ -25,7 +25,9 @@ from kvprobe.config import Config
 CANARY_PERPLEXITY = {"limit": 4}
 CANARY_AGREEMENT = {"passages": 1, "max_tokens_per_passage": 512}
 CANARY_NEEDLE = {"count": 8}
-CANARY_LOAD = {"agents": [2], "repeats": 2, "turns": 2, "requests_per_case": 4}
+# Speed: the full eval's sequential design on one small case, up to 8 blocks (looks at 4 and 8), stopped
+# at the --budget like everything else.
+CANARY_LOAD = {"agents": [2], "max_blocks": 8, "look_every": 4, "turns": 2, "requests_per_case": 4}
 
 
 def _smaller(current: Any, fast: Any) -> Any:

@@ -500,8 +500,11 @@ def report_cmd(run_dir: Path) -> None:
 @click.option("--summary", type=click.Path(path_type=Path), default=None, help=SUMMARY_HELP)
 @click.option("--budget", default=None, help="finish within this time (5m, 90s, 1h30m): the subset is sized "
               "from the first-prefill smoke's speed, and what does not fit is not measured (and said)")
+@click.option("--advisory-speed", is_flag=True, help="report speed but never let it change a decision or the "
+              "exit code (a staging box too noisy or too shared to gate on)")
 def canary_cmd(servers_file: Path, baseline: Path | None, allowed_signers: Path | None, out: Path | None,
-               key: Path | None, junit: Path | None, summary: Path | None, budget: str | None) -> None:
+               key: Path | None, junit: Path | None, summary: Path | None, budget: str | None,
+               advisory_speed: bool = False) -> None:
     """A fast subset for a staging pipeline: smoke, capacity, short perplexity, a few needles, a short
     load case. Exit 0 pass, 1 a bar fails (or drift beyond a bar from --baseline), 2 cannot run,
     3 invalid, 4 broken."""
@@ -514,6 +517,8 @@ def canary_cmd(servers_file: Path, baseline: Path | None, allowed_signers: Path 
     try:
         budget_s = parse_budget(budget) if budget else None
         config = canary_config(load_config(servers_file), budgeted=budget_s is not None)
+        if advisory_speed:
+            config = config.model_copy(update={"load": config.load.model_copy(update={"advisory": True})})
         note_secrets([server.api_key_env for server in config.servers])
         base = None
         if baseline is not None:

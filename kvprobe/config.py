@@ -223,8 +223,23 @@ class LoadSettings(_Strict):
                                           "(default: one conversation per agent)")
     duration_s: float | None = Field(None, gt=0, description="time budget per case: agents start new "
                                      "conversations until it is spent")
-    repeats: int = Field(3, ge=1, description="runs of each case per server, reference and candidates "
-                         "interleaved; >= 2 gives the speed ratios an interval")
+    endpoint: Literal["sweep"] | int = Field(
+        "sweep", description="the primary speed endpoint, declared before the run: output tokens/s as the mean "
+        "over the agent sweep of the per-case log ratios (\"sweep\"), or one operating point by its agent count "
+        "(e.g. 8, one of `agents`). Only it and `latency_endpoint` gate adopt; per-case figures are guardrails")
+    latency_endpoint: Literal["itl_p99", "tpot_p99", "ttft_p90", "e2e_p90", "ttft_p99", "e2e_p99"] | None = Field(
+        None, description="optional second primary endpoint, a latency percentile at the same scope; ttft_p99 "
+        "and e2e_p99 need at least 100 requests per run (requests_per_case or duration_s), else use p90")
+    max_blocks: int = Field(20, ge=2, description="the most paired blocks (each: every case on the reference "
+                            "and each undecided candidate, back to back in a balanced order)")
+    look_every: int = Field(4, ge=1, description="blocks between looks of the sequential decision (from 4 on)")
+    budget_s: float | None = Field(None, gt=0, description="time budget of the load probe: no block starts "
+                                   "after it is spent, and an undecided endpoint is inconclusive")
+    advisory: bool = Field(False, description="speed is reported but never changes a decision or the exit "
+                           "code (`kvprobe canary --advisory-speed` sets it)")
+    repeats: int | None = Field(None, ge=1, description="a fixed design instead: exactly this many blocks, "
+                                "looked at once at the end (no early stop; >= 2 for an interval); default the "
+                                "sequential design")
     warmup: bool = Field(True, description="before measuring, one unrecorded case per shape and server "
                          "(a cold server's first batches are several times slower)")
     mode: Literal["closed", "open"] = Field("closed", description="closed: an agent sends its next turn when "
@@ -254,7 +269,14 @@ class LoadSettings(_Strict):
         names = [s.name for s in self.shapes]
         if len(set(names)) != len(names):
             raise ValueError("shape names must be unique")
+        if isinstance(self.endpoint, int) and not self.shapes and self.endpoint not in self.agents:
+            raise ValueError(f"endpoint = {self.endpoint} is not one of agents {self.agents}")
         return self
+
+    @property
+    def blocks(self) -> int:
+        """The most blocks the design plans."""
+        return self.repeats if self.repeats is not None else self.max_blocks
 
 
 class FillSettings(_Strict):

@@ -52,6 +52,7 @@ class EvalContext:
     results: dict[str, Any] = field(default_factory=dict)
     broken: dict[str, str] = field(default_factory=dict)  # server -> last error, set by probes
     warned: set[str] = field(default_factory=set)
+    deadline: float | None = None  # the canary's --budget (time.monotonic()): a probe may stop short of it
 
     @property
     def reference(self) -> str:
@@ -272,7 +273,7 @@ async def run_eval(
         ref = config.reference.name
         pin = check_pin(invs[ref], [invs[c.name] for c in config.candidates], config.knob)
         run.event("pin", **pin.to_dict())
-        ctx = EvalContext(config, run, clients, invs, pin, console)
+        ctx = EvalContext(config, run, clients, invs, pin, console, deadline=deadline)
 
         cannot_run = cannot_run_lines(inventories)
         if cannot_run:

@@ -122,7 +122,18 @@ def read_load(data: dict[str, Any]) -> dict[str, Any]:
                 flat["repeats"] = [_scalars(r) for r in case["repeats"] if isinstance(r, dict)]
             cases.append(flat)
         servers[name] = {**_scalars(row), "cases": cases}
-    return {"servers": servers}
+    out: dict[str, Any] = {"servers": servers}
+    # The speed design declared before the run (the checks compute its boundaries) and why the probe
+    # stopped measuring a candidate before the design's last block (a budget, a broken server).
+    for key in ("design", "stops"):
+        if isinstance(data.get(key), dict):
+            out[key] = _scalars(data[key])
+    settings = data.get("settings") if isinstance(data.get("settings"), dict) else {}
+    if "design" not in out and isinstance(settings.get("repeats"), int):
+        # Written before the sequential design: its repeats ran every server back to back, interleaved,
+        # which is a fixed design of that many blocks.
+        out["design"] = {"repeats": settings["repeats"]}
+    return out
 
 
 def read_tasks(data: dict[str, Any]) -> dict[str, Any]:

@@ -26,7 +26,7 @@ import math
 from typing import Any
 
 from kvprobe import __version__, rules_v2
-from kvprobe.checks import METHOD, capacity_of, judge, pct
+from kvprobe.checks import METHOD, RULES3_PROBES, capacity_of, gating, judge, pct
 from kvprobe.config import Bars
 from kvprobe.errors import EXIT_BAR_FAILED, EXIT_BROKEN, EXIT_INVALID, EXIT_OK
 from kvprobe.evidence import gather
@@ -40,9 +40,14 @@ SCHEMA = "kvprobe.verdict/2"
 #    paired 0/1 outcomes, t intervals over passages with the reference's run-to-run noise in the perplexity
 #    interval; power as passes_at_most / fails_at_least and a family-wide `needed`; stable check ids; a probe
 #    that cannot run on these servers is not_measured (schema 2: per-passage and per-document evidence).
-RULES = "kvprobe.rules/3"
+# 4: speed is one primary endpoint declared before the run (load.endpoint.*), decided by a group-sequential
+#    paired t test over blocks; per-case speed checks are guardrails (gating: false) that fail only past twice
+#    the bar on Holm-adjusted intervals.
+RULES = "kvprobe.rules/4"
+RULES_3 = "kvprobe.rules/3"
 # Verdicts written under earlier rules are re-derived under their own (kvprobe verify).
-OLDER_RULES = {rules_v2.RULES: (rules_v2.SCHEMA, rules_v2.decide)}
+OLDER_RULES = {rules_v2.RULES: (rules_v2.SCHEMA, rules_v2.decide),
+               RULES_3: (SCHEMA, lambda inputs: decide(inputs, RULES3_PROBES))}
 DECISIONS = ("invalid", "broken", "reject", "no_gain", "inconclusive", "adopt")
 INPUT_KEYS = ("reference", "order", "bars", "servers", "pin", "broken", "probes", "probes_status")
 DERIVED_KEYS = ("decisions", "recommendation", "exit_code")
@@ -59,7 +64,7 @@ def _broken(base: dict[str, Any], checks: list[dict[str, Any]], why: str) -> dic
     return base | {"decision": "broken", "checks": checks, "reasons": reasons}
 
 
-def _decide_candidate(inputs: dict[str, Any], cand: str, bars: Bars) -> dict[str, Any]:
+def _decide_candidate(inputs: dict[str, Any], cand: str, bars: Bars, probes: dict[str, Any] | None) -> dict[str, Any]:
     ref = inputs["reference"]
     server = inputs["servers"].get(cand) or {}
     pin = inputs.get("pin") or {}
@@ -72,7 +77,7 @@ def _decide_candidate(inputs: dict[str, Any], cand: str, bars: Bars) -> dict[str
         return base | {"decision": "invalid",
                        "reasons": [f"servers differ in more than the knob under test ({knob}): " + d["text"]
                                    for d in differences]}
-    checks = judge(inputs, cand, bars)
+    checks = judge(inputs, cand, bars, probes)
     if server.get("status") not in (None, "ok"):
         return _broken(base, checks, f"{cand} could not serve ({server.get('status')}): "
                                      f"{server.get('error') or 'no detail'}")
@@ -86,8 +91,9 @@ def _decide_candidate(inputs: dict[str, Any], cand: str, bars: Bars) -> dict[str
     if server.get("kv_cache_tokens_estimate") or (ref_server.get("kv_cache_tokens_estimate")):
         notes.append("capacity is an estimate (num_gpu_blocks x block_size): wrong for hybrid models")
     notes += [u for u in pin.get("unchecked") or [] if u.startswith((f"{cand}:", f"{ref}:"))]
-    failed = [c for c in checks if c["outcome"] == "fail"]
-    open_ = [c for c in checks if c["outcome"] in ("inconclusive", "not_measured")]
+    failed = [c for c in checks if c["outcome"] == "fail" and not c.get("advisory")]
+    # A guardrail (gating: false) rejects when it fails, and otherwise holds nothing back.
+    open_ = [c for c in checks if c["outcome"] in ("inconclusive", "not_measured") and gating(c)]
 
     if ratio is None:
         capacity_text = "capacity unknown (no kv_cache_tokens)"
@@ -113,7 +119,7 @@ def _decide_candidate(inputs: dict[str, Any], cand: str, bars: Bars) -> dict[str
         reasons += [f"not shown to pass: {c['text']}" for c in open_]
     else:
         decision = "adopt"
-        reasons = [f"gains: {capacity_text}", f"passes every bar ({len(checks)} checks)"]
+        reasons = [f"gains: {capacity_text}", f"passes every bar ({sum(map(gating, checks))} checks)"]
     if decision != "adopt" and gain is not None and decision != "no_gain":
         reasons.append(capacity_text)
     if decision in ("adopt", "inconclusive") and (inputs.get("probes_status") or {}).get("tasks") == "not run":
@@ -134,16 +140,17 @@ def _counts_against(inputs: dict[str, Any], decision: dict[str, Any]) -> bool:
     status = inputs.get("probes_status") or {}
     return any(c["outcome"] == "inconclusive"
                or (c["outcome"] == "not_measured" and status.get(c["probe"]) != "not run")
-               for c in decision["checks"]) or decision.get("capacity_gain") is None
+               for c in decision["checks"] if gating(c)) or decision.get("capacity_gain") is None
 
 
-def decide(inputs: dict[str, Any]) -> dict[str, Any]:
-    """The decisions, the recommendation and the exit code from the inputs alone."""
+def decide(inputs: dict[str, Any], probes: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The decisions, the recommendation and the exit code from the inputs alone. `probes`: the check
+    functions of older rules."""
     bars = Bars.model_validate(inputs.get("bars") or {})
     ref = inputs["reference"]
     order = list(inputs.get("order") or inputs["servers"])
     candidates = [n for n in order if n != ref and (inputs["servers"].get(n) or {}).get("role") != "reference"]
-    decisions = {c: _decide_candidate(inputs, c, bars) for c in candidates}
+    decisions = {c: _decide_candidate(inputs, c, bars, probes) for c in candidates}
 
     adopted = [c for c in candidates if decisions[c]["decision"] == "adopt"]
     if adopted:

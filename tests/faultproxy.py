@@ -30,6 +30,7 @@ class Fault:
     drop: bool = False               # close the connection without answering
     cut_after_bytes: int | None = None  # forward, but stop the body after this many bytes
     reset: bool = False              # close with a TCP RST (SO_LINGER 0) instead of answering
+    event_delay_s: float = 0.0       # forward, but hold each server-sent event this long (a slower server)
     fired: bool = False              # set by the proxy once the fault happened
 
 
@@ -96,6 +97,11 @@ class FaultProxy:
                     self.send_header("connection", "close")
                     self.end_headers()
                     sent = 0
+                    if fault and fault.event_delay_s:
+                        fault.fired = True
+                        self._slowly(resp, fault.event_delay_s)
+                        self.close_connection = True
+                        return
                     for chunk in resp.iter_raw():
                         if fault and fault.cut_after_bytes is not None and sent + len(chunk) > fault.cut_after_bytes:
                             self.wfile.write(chunk[: fault.cut_after_bytes - sent])
@@ -106,6 +112,21 @@ class FaultProxy:
                         self.wfile.flush()
                         sent += len(chunk)
                     self.close_connection = True
+
+            def _slowly(self, resp: httpx.Response, delay_s: float) -> None:
+                """Each event (up to its blank line) held delay_s, so the tokens arrive that much apart at
+                least: split here, since reads coalesce events that queued while the proxy slept."""
+                pending = b""
+                for chunk in resp.iter_raw():
+                    pending += chunk
+                    while b"\n\n" in pending:
+                        event, pending = pending.split(b"\n\n", 1)
+                        time.sleep(delay_s)
+                        self.wfile.write(event + b"\n\n")
+                        self.wfile.flush()
+                if pending:
+                    self.wfile.write(pending)
+                    self.wfile.flush()
 
             do_GET = do_POST = _handle
 

@@ -21,7 +21,9 @@ def test_canary_settings_are_small_and_keep_smaller_user_settings():
     assert config.perplexity.limit == 4
     assert config.agreement.passages == 1
     assert config.needle.count == 2  # the user's 2 is already fewer than the canary's 4
-    assert config.load.agents == [8] and config.load.repeats == 2 and config.load.requests_per_case == 4
+    assert config.load.agents == [8] and config.load.requests_per_case == 4
+    # the full eval's sequential design, on fewer blocks
+    assert config.load.repeats is None and config.load.max_blocks == 8 and config.load.look_every == 4
     assert config.load.duration_s is None
     assert config.bars == parse_config(SERVERS).bars  # same bars as a full run
     full = parse_config(SERVERS)

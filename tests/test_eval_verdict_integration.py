@@ -41,7 +41,10 @@ def servers_file(vllm_servers, tmp_path_factory) -> Path:
     servers = "".join(f'[[server]]\nname = "{s["name"]}"\nurl = "{s["url"]}"\nrole = "{s["role"]}"\n\n'
                       for s in trio(vllm_servers))
     path.write_text("\n".join([_toml_table("perplexity", CANARY_PERPLEXITY), _toml_table("agreement", CANARY_AGREEMENT),
-                               _toml_table("needle", CANARY_NEEDLE), _toml_table("load", CANARY_LOAD), servers]))
+                               _toml_table("needle", CANARY_NEEDLE),
+                               # a fixed design of 2 blocks: these tests are of signing and resuming, and the
+                               # sequential design's own are in tests/integration/test_speed_decision.py
+                               _toml_table("load", {**CANARY_LOAD, "repeats": 2}), servers]))
     return path
 
 

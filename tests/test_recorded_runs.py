@@ -78,20 +78,28 @@ def test_on_the_gpu_int8_per_token_head_holds_quality(h200: dict) -> None:
     assert h200["decisions"]["int8_per_token_head"]["decision"] != "reject"
 
 
-def test_power_rows_are_named_by_metric_and_computed_after_the_client_limited_override(xeon: dict) -> None:
-    load = [c for c in xeon["decisions"]["fp8"]["checks"] if c["probe"] == "load"]
-    assert {c["metric"] for c in load} == {"throughput drop", "TTFT p99 rise", "ITL p99 rise", "E2E p99 rise"}
-    limited = [c for c in load if c.get("client_limited")]
-    assert limited and all(c["outcome"] == "inconclusive" for c in limited)
-    assert all(c["power"].get("client_limited") and c["power"]["needed"] is None for c in limited)
-    assert all("more runs do not help; a quieter client does" in c["text"] for c in limited)
+def test_recorded_repeats_are_a_fixed_design_and_client_limited_blocks_are_dropped(xeon: dict) -> None:
+    """Written before the sequential design: its 3 repeats ran every server back to back, which is a fixed
+    design of 3 blocks; on this shared 2-core box the client sent some turns late by over a quarter of the
+    bar of a request's span, so those blocks do not count, and the endpoint says so."""
+    endpoint = _checks(xeon, "fp8")["load.endpoint.throughput_drop"]
+    assert endpoint["sequential"]["design"]["looks"] == [3]
+    dropped = endpoint["sequential"]["dropped_client_limited"]
+    assert endpoint["outcome"] == "inconclusive" and dropped >= 1
+    assert f"{dropped} client-limited block{'s' if dropped > 1 else ''} dropped" in endpoint["text"]
+    guards = [c for c in xeon["decisions"]["fp8"]["checks"] if c["probe"] == "load" and not c.get("gating", True)]
+    assert {c["metric"] for c in guards} == {"throughput drop", "TTFT p99 rise", "ITL p99 rise", "E2E p99 rise"}
+    assert all(c["outcome"] != "fail" for c in guards)
 
 
 def test_the_amd_avx2_demo_verdict_rederives_as_recorded_and_again_from_its_events(tmp_path) -> None:
     recorded = orjson.loads((RUNS / "amd-avx2-demo" / "verdict.json").read_bytes())
     assert recorded["rules"] == "kvprobe.rules/3" and rederive(recorded) == []
-    _, again = rejudge("amd-avx2-demo", tmp_path)
-    assert again["decisions"] == recorded["decisions"] and again["exit_code"] == recorded["exit_code"] == 1
+    _, again = rejudge("amd-avx2-demo", tmp_path)  # under the current rules: speed changed, quality did not
+    assert again["decisions"]["bfloat16"]["decision"] == recorded["decisions"]["bfloat16"]["decision"] == "reject"
+    assert again["exit_code"] == recorded["exit_code"] == 1
+    quality = {c["id"]: c["outcome"] for c in recorded["decisions"]["bfloat16"]["checks"] if c["probe"] != "load"}
+    assert {c["id"]: c["outcome"] for c in again["decisions"]["bfloat16"]["checks"] if c["probe"] != "load"} == quality
 
 
 def test_on_amd_avx2_the_wrecking_2x_is_rejected_naming_misses_and_answers_cut(tmp_path) -> None:
@@ -109,5 +117,5 @@ def test_on_amd_avx2_the_wrecking_2x_is_rejected_naming_misses_and_answers_cut(t
 @pytest.mark.parametrize("name", ["xeon-amx-demo", "h200-gpu", "h200-gpu-hybrid-kv", "h200-gpu-hybrid-ssm"])
 def test_the_rejudged_verdict_rederives(name: str, tmp_path) -> None:
     _, verdict = rejudge(name, tmp_path)
-    assert verdict["rules"] == "kvprobe.rules/3" and verdict["schema"] == "kvprobe.verdict/2"
+    assert verdict["rules"] == "kvprobe.rules/4" and verdict["schema"] == "kvprobe.verdict/2"
     assert rederive(orjson.loads(verdict_bytes(verdict))) == []

@@ -120,6 +120,7 @@ def test_every_measured_check_carries_power_figures(tmp_path: Path) -> None:
     assert checks["perplexity.delta"]["power"]["n"] == 16
     needle = checks["needle.recall_drop"]["power"]
     assert needle["n"] == 40 and needle["passes_at_most"] < 0.10 < needle["fails_at_least"]
-    load = [c for c in checks.values() if c["probe"] == "load"]
-    assert load and all(c["power"]["unit"] == "runs" for c in load)
+    # speed: the sequential design's own figures (looks, boundary, blocks used) instead of power
+    speed = checks["load.endpoint.throughput_drop"]["sequential"]
+    assert speed["design"]["looks"] == [4, 8, 12, 16, 20] and speed["blocks"] == 4
     assert "power" in v["method"]

@@ -11,13 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from kvprobe import power
+from kvprobe.checks import speed_rules3
 from kvprobe.checks._common import MIN_PASSAGES, MIN_SCORED_SHARE, pct
 from kvprobe.checks.answers import needle_checks, task_checks
 from kvprobe.checks.quality import agreement_checks, perplexity_check
 from kvprobe.checks.speed import case_key, load_checks, natural_order, runs_by_case
 
-__all__ = ["METHOD", "MIN_PASSAGES", "MIN_SCORED_SHARE", "capacity_of", "case_key", "judge", "judge_probe",
-           "live_checks", "natural_order", "pct", "runs_by_case"]
+__all__ = ["METHOD", "MIN_PASSAGES", "MIN_SCORED_SHARE", "RULES3_PROBES", "capacity_of", "case_key", "gating",
+           "judge", "judge_probe", "live_checks", "natural_order", "pct", "runs_by_case"]
 
 METHOD = {
     "interval_rule": "pass: the whole 95% interval within the bar; fail: the whole interval beyond it; else "
@@ -29,7 +30,12 @@ METHOD = {
     "passages": "perplexity and agreement: a ratio of sums over passages with a t interval (delta method, n - 1 "
                 f"df); a pass needs {MIN_PASSAGES} passages; the reference's measured run-to-run delta enters the "
                 "perplexity interval as a variance component, and a bar with noise over a third of it is not passed",
-    "speed": "per load case, Welch t on log values over repeated runs, 95%; a client-limited case is not judged",
+    "speed": "one primary endpoint declared before the run (output tokens/s over the sweep as the mean of the "
+             "per-case log ratios, or one declared case; optionally a latency percentile beside it), measured in "
+             "paired blocks in a balanced order and decided by a group-sequential paired t test (O'Brien-Fleming "
+             "boundaries c x sqrt(n_max / n), c calibrated so a candidate at the bar passes at most 2.5%; with two "
+             "endpoints each fails at 1.25%); client-limited blocks are dropped and re-run; per-case figures are "
+             "guardrails that fail only past twice the bar on Holm-adjusted paired t tests, and never gate adopt",
     "power": "passes_at_most / fails_at_least: the true loss this run passes / fails with power 0.8 "
              "(bar -/+ (t_0.975 + t_0.8) x se); needed (inconclusive): the size at which a candidate equal to the "
              "reference passes every gating check of its family together with power 0.8",
@@ -42,6 +48,15 @@ _PROBES = {
     "tasks": task_checks,
     "load": load_checks,
 }
+
+
+# rules/3 judged speed per case with Welch intervals; everything else is as today.
+RULES3_PROBES = {**_PROBES, "load": speed_rules3.load_checks}
+
+
+def gating(check: dict[str, Any]) -> bool:
+    """A check that can hold a candidate back from adopt (a guardrail can only reject it)."""
+    return check.get("gating", True)
 
 
 def judge_probe(probe: str, inputs: dict[str, Any], cand: str, bars: Any) -> list[dict[str, Any]]:
@@ -62,10 +77,12 @@ def live_checks(probe: str, summary: dict[str, Any], reference: str, candidates:
     return {cand: judge_probe(probe, inputs, cand, bars) for cand in candidates if cand != reference}
 
 
-def judge(inputs: dict[str, Any], cand: str, bars: Any) -> list[dict[str, Any]]:
-    """Every check of one candidate, with `needed` sized for its whole family of gating checks."""
-    checks = [c for probe in _PROBES for c in _PROBES[probe](inputs, cand, bars)]
-    family = sum(c["outcome"] != "not_measured" for c in checks)
+def judge(inputs: dict[str, Any], cand: str, bars: Any, probes: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Every check of one candidate, with `needed` sized for its whole family of gating checks.
+    `probes`: the check functions of older rules (RULES3_PROBES), for `kvprobe verify`."""
+    probes = probes or _PROBES
+    checks = [c for probe in probes for c in probes[probe](inputs, cand, bars)]
+    family = sum(c["outcome"] != "not_measured" and gating(c) for c in checks)
     for check in checks:
         block = check.get("power")
         if block is None:

@@ -1,8 +1,15 @@
-"""Speed checks: per load case, the output-token throughput drop and the p99 latency rises (TTFT,
-ITL, E2E) against the reference, each with a Welch t interval on log values over the case's repeated
-runs (kvprobe.stats.welch_log_ratio). A case whose client could have moved its numbers is not
-judged (client_limited), and its power figures say so: more runs would not help, a quieter client
-would.
+"""Speed checks: one primary endpoint declared before the run, decided by a group-sequential test on
+paired blocks (kvprobe.sequential), and per-case guardrails that never gate adopt.
+
+A block is one run of every case on the reference and on the candidate, back to back; its repeat
+index pairs them. The primary endpoint is output tokens/s, as the mean over the sweep's cases of the
+per-case log ratio (or one declared case), optionally beside a latency percentile at the same scope.
+A block in which either server's client could have moved the numbers (client_limited) is dropped and
+counted; the probe runs another in its place.
+
+Guardrails: every case x (throughput, TTFT/ITL/E2E p99), a paired t over the blocks with Holm's
+step-down across the candidate's guardrails. They fail only past twice the bar, so a single
+catastrophic case still shows, and otherwise they are information (`gating: false`).
 """
 
 from __future__ import annotations
@@ -12,9 +19,17 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from kvprobe.checks._common import iv_text, judged, make_check, not_measured, pct, probe_missing, with_power
+from kvprobe import sequential
+from kvprobe.checks._common import make_check, not_measured, pct
+from kvprobe.load.client_load import limited, throughput_effect
 from kvprobe.load.stats import P99_KEYS
-from kvprobe.stats import loss_interval, welch_log_ratio
+from kvprobe.stats import t_quantile
+
+GUARD_FACTOR = 2.0  # a guardrail fails only past this multiple of its bar
+THROUGHPUT = "output_tokens_per_s"
+LATENCY_ENDPOINTS = {"itl_p99": ("itl_p99_s", "ITL p99"), "tpot_p99": ("tpot_p99_s", "TPOT p99"),
+                     "ttft_p90": ("ttft_p90_s", "TTFT p90"), "e2e_p90": ("e2e_p90_s", "E2E p90"),
+                     "ttft_p99": ("ttft_p99_s", "TTFT p99"), "e2e_p99": ("e2e_p99_s", "E2E p99")}
 
 
 def case_key(case: dict[str, Any]) -> tuple[str, ...]:
@@ -46,132 +61,256 @@ def natural_order(key: Iterable[str]) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def _samples(cases: list[dict[str, Any]], key: str) -> list[float]:
-    out: list[float] = []
-    for case in cases:
-        rows = case.get("repeats") or [case]
-        out += [float(r[key]) for r in rows if isinstance(r.get(key), int | float)]
-    return out
+def _limited(run: dict[str, Any], bars: Any) -> str | None:
+
+    if not any(k.startswith("client_") and k != "client_limited_why" for k in run):
+        return None  # recorded before kvprobe measured its client
+    return limited(run, run, bars.p99_latency_rise_max, bars.throughput_drop_max)
 
 
-def _ratio_check(check_id: str, bar: str, metric: str, case: str, ref: list[float], cand: list[float],
-                 limit: float, *, drop: bool) -> dict[str, Any]:
-    describe = "drop" if drop else "rise"
+class Blocks:
+    """The paired runs of a reference and a candidate, by block (repeat index) and case."""
 
-    def loss_of(r: float) -> float:
-        return 1 - r if drop else r - 1
+    def __init__(self, ref: dict[tuple[str, ...], list[dict[str, Any]]],
+                 cand: dict[tuple[str, ...], list[dict[str, Any]]], bars: Any) -> None:
+        def index(groups: dict[tuple[str, ...], list[dict[str, Any]]]) -> dict[tuple[tuple[str, ...], int], dict]:
+            return {(key, int(run.get("repeat", i))): run for key, runs in groups.items()
+                    for i, run in enumerate(runs)}
 
-    if not ref or not cand:
-        return not_measured(check_id, bar, metric, "load", f"no {metric} samples at {case}", limit, case)
-    if min(ref + cand) <= 0:
-        # A p99 ITL of 0 is real: the client read every token of nearly every request in one go.
-        return not_measured(check_id, bar, metric, "load", f"a run at {case} recorded 0, which has no ratio",
-                            limit, case)
-    if min(len(ref), len(cand)) < 2:
-        point = (sum(cand) / len(cand)) / (sum(ref) / len(ref))
-        return make_check(check_id, bar, metric, "load", "inconclusive",
-                          f"{metric} at {case}: {describe} {pct(loss_of(point))} from one run each, no interval "
-                          f"(set load.repeats >= 2) vs bar {pct(limit, False)}: inconclusive",
-                          value=loss_of(point), limit=limit, case=case, ratio=point)
-    iv = welch_log_ratio(ref, cand)
-    loss = loss_interval(iv, loss_of)
-    outcome = judged(loss, limit)
-    text = (f"{metric} at {case}: ratio {iv.estimate:.3f} [{iv.lo:.3f}, {iv.hi:.3f}] over "
-            f"{len(ref)}+{len(cand)} runs, {describe} {pct(loss.estimate)} {iv_text(loss.lo, loss.hi)} vs bar "
-            f"{pct(limit, False)}: {outcome}")
-    if outcome == "fail":
-        text += f" (over the bar by at least {pct(loss.lo - limit, False)})"
-    check = make_check(check_id, bar, metric, "load", outcome, text, value=loss.estimate, interval=loss.as_list(),
-                       limit=limit, case=case, ratio=iv.estimate, ratio_interval=iv.as_list())
-    se, df = iv.se, iv.df
-    # Power on the log scale, where the interval is built: the bar there, and the figures back in loss units.
-    log_bar = -math.log1p(-limit) if drop else math.log1p(limit)
-    check = with_power(check, min(len(ref), len(cand)), "runs", se, df, log_bar, log_margin=log_bar, sd_df=df,
-                       df_kind="welch")
-    block = check.get("power")
-    if block:
-        back = (lambda v: -math.expm1(-v)) if drop else math.expm1
-        block["scale"] = "log ratio"
-        for key in ("passes_at_most", "fails_at_least"):
-            if block.get(key) is not None:
-                block[key] = back(block[key])
+        self.ref, self.cand = index(ref), index(cand)
+        self.cases = sorted(set(ref) & set(cand), key=natural_order)
+        self.bars = bars
+        # (case, block) whose latency figures the client could have moved on either server
+        self.limited = {(key, b) for (key, b), run in (*self.ref.items(), *self.cand.items())
+                        if key in self.cases and _limited(run, bars)}
+        # Throughput is paired, and a client's ordinary lateness is noise the paired t already carries: a
+        # block is the client's only where it used a whole core, or sent turns so late (over a quarter of
+        # the bar of a request's span) that it, not the server, set the pace.
+        self.limited_throughput = set()
+        for (key, b), ref_run in self.ref.items():
+            cand_run = self.cand.get((key, b))
+            if cand_run is None or key not in self.cases:
+                continue
+            effects = [throughput_effect(ref_run), throughput_effect(cand_run)]
+            if any(e is not None and e > 0.25 * bars.throughput_drop_max for e in effects):
+                self.limited_throughput.add((key, b))
+
+    def complete(self, scope: list[tuple[str, ...]]) -> list[int]:
+        """Blocks with both servers' runs of every case in scope, in order."""
+        ids = {b for (_, b) in self.ref} & {b for (_, b) in self.cand}
+        return sorted(b for b in ids if all((k, b) in self.ref and (k, b) in self.cand for k in scope))
+
+    def losses(self, scope: list[tuple[str, ...]], key: str, *, drop: bool) -> tuple[list[float], list[int], int]:
+        """Per usable block, the mean over `scope` of the paired log loss (larger is worse); the usable
+        block ids; and how many complete blocks were dropped as client-limited."""
+        out, used, dropped = [], [], 0
+        limited = self.limited_throughput if key == THROUGHPUT else self.limited
+        for b in self.complete(scope):
+            if any((k, b) in limited for k in scope):
+                dropped += 1
+                continue
+            pairs = [(self.ref[(k, b)].get(key), self.cand[(k, b)].get(key)) for k in scope]
+            if not all(isinstance(r, int | float) and isinstance(c, int | float) and r > 0 and c > 0
+                       for r, c in pairs):
+                continue
+            logs = [math.log(r / c) if drop else math.log(c / r) for r, c in pairs]
+            out.append(math.fsum(logs) / len(logs))
+            used.append(b)
+        return out, used, dropped
+
+
+def _scope(load: dict[str, Any], cases: list[tuple[str, ...]]) -> tuple[list[tuple[str, ...]], str] | None:
+    endpoint = (load.get("design") or {}).get("endpoint", "sweep")
+    if endpoint == "sweep":
+        return cases, f"sweep mean of {len(cases)} case{'s' if len(cases) != 1 else ''}"
+    picked = [k for k in cases if f"agents={endpoint}" in k]
+    return (picked, f"agents={endpoint}") if picked else None
+
+
+def _margin(bar: float, drop: bool) -> float:
+    return -math.log1p(-bar) if drop else math.log1p(bar)
+
+
+def _loss_of(log_loss: float, drop: bool) -> float:
+    """A log loss back in the bar's units: a relative drop (throughput) or rise (latency)."""
+    return -math.expm1(-log_loss) if drop else math.expm1(log_loss)
+
+
+def endpoint_check(check_id: str, bar_name: str, metric: str, losses: list[float], dropped: int, scope_text: str,
+                   limit: float, plan: sequential.Design, *, drop: bool, stop: str | None = None) -> dict[str, Any]:
+    """The sequential decision on one primary endpoint. `stop`: why the probe ended before n_max blocks
+    (a budget, a broken server), for the words of an undecided endpoint."""
+    margin = _margin(limit, drop)
+    at = sequential.settle(losses, margin, plan)
+    seq: dict[str, Any] = {"design": plan.as_dict(), "blocks": len(losses), "dropped_client_limited": dropped,
+                           "drift_per_block": sequential.drift(losses), "scope": scope_text}
+    dropped_text = f"; {dropped} client-limited block{'s' if dropped != 1 else ''} dropped" if dropped else ""
+    if at is None:
+        # one usable block at most: no spread, so no interval; spent once the design has no more blocks
+        state = "spent" if stop or len(losses) >= plan.n_max else "open"
+        check = make_check(check_id, bar_name, metric, "load", "inconclusive",
+                           f"{metric}: {len(losses)} paired block{'s' if len(losses) != 1 else ''}, "
+                           f"no interval{dropped_text}: inconclusive" + (f" ({stop})" if stop else ""),
+                           limit=limit, gating=True, sequential=seq, state=state)
+        return check
+    seq["look"] = at.as_dict()
+    ratio = math.exp(-at.mean) if drop else math.exp(at.mean)
+    value = _loss_of(at.mean, drop)
+    bounded = math.isfinite(at.lo) and math.isfinite(at.hi)  # before the first look there is no boundary
+    lo_r, hi_r = ((math.exp(-at.hi), math.exp(-at.lo)) if drop else (math.exp(at.lo), math.exp(at.hi))) \
+        if bounded else (None, None)
+    interval = [_loss_of(at.lo, drop), _loss_of(at.hi, drop)] if bounded else None
+    looks = [n for n in plan.looks if n <= at.n]
+    t_best = max(at.t_pass, at.t_fail)
+    side = "pass" if at.t_pass >= at.t_fail else "fail"
+    b = at.boundary if side == "pass" else plan.fail_boundary(min(at.n, plan.n_max))
+    crossing = f"{side} boundary t > {b:.2f} (t = {t_best:.2f})" if math.isfinite(b) else "no boundary yet"
+    drift = seq["drift_per_block"]
+    drift_text = f"; drift {pct(-drift if drop else drift)}/block (information)" if drift is not None else ""
+    band = f"[{lo_r:.3f}, {hi_r:.3f}]" if bounded else "(no interval before the first look)"
+    head = (f"{metric}: ratio {ratio:.3f} {band} over {at.n} paired blocks, "
+            f"looks at {', '.join(map(str, looks)) or 'none yet'} of {plan.n_max}, {crossing}")
+    if at.outcome in ("pass", "fail"):
+        outcome, state = at.outcome, "decided"
+        tail = f": {outcome}"
+    else:
+        outcome = "inconclusive"
+        if at.outcome == "inconclusive":
+            state, why = "spent", f"all {plan.n_max} blocks used"
+        else:
+            state, why = ("spent", stop) if stop else ("open", "not yet")
+        more = at.more_blocks if at.more_blocks is not None else sequential._more_blocks(
+            at.n, at.mean, at.sd, margin, plan)
+        advice = f"; about {more} more blocks would settle it" if more else ""
+        tail = f": inconclusive ({why}{advice})" if state == "spent" else f": {why}"
+    check = make_check(check_id, bar_name, metric, "load", outcome, head + dropped_text + drift_text + tail,
+                       value=value, interval=interval, limit=limit, ratio=ratio,
+                       ratio_interval=[lo_r, hi_r] if bounded else None,
+                       gating=True, sequential=seq, state=state)
     return check
 
 
-def _p99_metric(label: str) -> str:
-    return f"{label} rise"  # "TTFT p99 rise": the metric and its percentile, never just the bar's name
+def _guardrails(blocks: Blocks, bars: Any) -> list[dict[str, Any]]:
+    """Every case x metric, paired over the usable blocks; Holm over the family, at twice the bar."""
+    rows = []
+    for key in blocks.cases:
+        case = " ".join(key)
+        base = f"load.{case.replace(' ', '.')}"
+        specs = [(f"{base}.throughput_drop", "throughput_drop_max", "throughput drop", THROUGHPUT,
+                  bars.throughput_drop_max, True)]
+        specs += [(f"{base}.{k.removesuffix('_s')}_rise", "p99_latency_rise_max", f"{label} rise", k,
+                   bars.p99_latency_rise_max, False) for k, label in P99_KEYS]
+        for check_id, bar_name, metric, field, bar, drop in specs:
+            losses, _, dropped = blocks.losses([key], field, drop=drop)
+            rows.append((check_id, bar_name, metric, case, bar, drop, losses, dropped))
+    family = [r for r in rows if len(r[6]) >= 2]  # r[6]: the usable block losses
+    m = max(len(family), 1)
+    alpha = sequential.ALPHA
+    # Holm's step-down on H0: loss <= GUARD_FACTOR x bar, one-sided p from the paired t.
+    pvals = {}
+    for r in family:
+        losses, margin = r[6], _margin(GUARD_FACTOR * r[4], r[5])
+        n = len(losses)
+        mean = math.fsum(losses) / n
+        sd = math.sqrt(math.fsum((x - mean) ** 2 for x in losses) / (n - 1))
+        se = sd / math.sqrt(n)
+        pvals[r[0]] = (mean, se, n, _p_above(mean - margin, se, n - 1))
+    rejected: set[str] = set()
+    for i, (cid, (_, _, _, p)) in enumerate(sorted(pvals.items(), key=lambda kv: kv[1][3])):
+        if p > alpha / (m - i):
+            break
+        rejected.add(cid)
+    out = []
+    for check_id, bar_name, metric, case, bar, drop, losses, dropped in rows:
+        limit = GUARD_FACTOR * bar
+        limited_text = f", {dropped} client-limited dropped" if dropped else ""
+        if check_id not in pvals:
+            out.append(not_measured(check_id, bar_name, metric, "load",
+                                    f"{len(losses)} usable paired block{'s' if len(losses) != 1 else ''} at {case}"
+                                    + limited_text, limit, case) | {"gating": False})
+            continue
+        mean, se, n, _ = pvals[check_id]
+        half = t_quantile(1 - alpha / m, n - 1) * se if se > 0 else 0.0
+        lo, hi = mean - half, mean + half
+        margin = _margin(limit, drop)
+        outcome = "fail" if check_id in rejected else ("pass" if hi < margin else "inconclusive")
+        ratio = math.exp(-mean) if drop else math.exp(mean)
+        r_lo, r_hi = (math.exp(-hi), math.exp(-lo)) if drop else (math.exp(lo), math.exp(hi))
+        text = (f"guardrail {metric} at {case}: ratio {ratio:.3f} [{r_lo:.3f}, {r_hi:.3f}] over {n} paired blocks "
+                f"(Holm over {m}{limited_text}), {'drop' if drop else 'rise'} {pct(_loss_of(mean, drop))} vs guardrail "
+                f"{pct(limit, False)} (2x the bar): {outcome}" + ("" if outcome == "fail" else ", never gates adopt"))
+        out.append(make_check(check_id, bar_name, metric, "load", outcome, text, value=_loss_of(mean, drop),
+                              interval=[_loss_of(lo, drop), _loss_of(hi, drop)], limit=limit, case=case,
+                              ratio=ratio, ratio_interval=[r_lo, r_hi], gating=False))
+    return out
+
+
+def _p_above(diff: float, se: float, df: int) -> float:
+    """One-sided p of a paired t test of H0: mean <= margin (diff = mean - margin)."""
+    from scipy.stats import t as student
+
+    if se <= 0:
+        return 0.0 if diff > 0 else 1.0
+    return float(student.sf(diff / se, df))
 
 
 def load_checks(inputs: dict[str, Any], cand: str, bars: Any) -> list[dict[str, Any]]:
-    """Per load case: output-token throughput drop and p99 latency rises vs the reference."""
+    """The primary endpoint(s), then the guardrails."""
     probe = inputs["probes"].get("load")
     if probe is None:
+        from kvprobe.checks._common import probe_missing
+
         why = probe_missing(inputs, "load")
-        return [not_measured("load.throughput_drop", "throughput_drop_max", "throughput drop", "load", why,
-                             bars.throughput_drop_max),
-                not_measured("load.p99_latency_rise", "p99_latency_rise_max", "p99 latency rise", "load", why,
-                             bars.p99_latency_rise_max)]
+        return [not_measured("load.endpoint.throughput_drop", "throughput_drop_max", "throughput drop", "load", why,
+                             bars.throughput_drop_max)]
     servers = probe.get("servers") or {}
+    design = probe.get("design") or {}
 
     def grouped(name: str) -> dict[tuple[str, ...], list[dict[str, Any]]]:
-        groups: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
-        for case in (servers.get(name) or {}).get("cases") or []:
-            groups[case_key(case)].append(case)
-        return groups
+        return runs_by_case((servers.get(name) or {}).get("cases") or [])
 
     ref_groups, cand_groups = grouped(inputs["reference"]), grouped(cand)
     if not ref_groups or not cand_groups:
         who = inputs["reference"] if not ref_groups else cand
-        return [not_measured("load.throughput_drop", "throughput_drop_max", "throughput drop", "load",
+        return [not_measured("load.endpoint.throughput_drop", "throughput_drop_max", "throughput drop", "load",
                              f"no load cases for {who}", bars.throughput_drop_max)]
+    blocks = Blocks(ref_groups, cand_groups, bars)
+    plan = sequential.of_settings(design)
+    stop = (probe.get("stops") or {}).get(cand)
     out = []
-    for key in sorted(set(ref_groups) | set(cand_groups), key=natural_order):
-        case = " ".join(key)
-        tp_id = f"load.{case.replace(' ', '.')}.throughput_drop"
-        if key not in ref_groups or key not in cand_groups:
-            who = inputs["reference"] if key not in ref_groups else cand
-            out.append(not_measured(tp_id, "throughput_drop_max", "throughput drop", "load",
-                                    f"{case} not measured on {who}", bars.throughput_drop_max, case))
-            continue
-        rc, cc = ref_groups[key], cand_groups[key]
-        first = len(out)
-        failed = {kind: sum(int(c.get(kind) or 0) for c in cc) for kind in ("errors", "incomplete")}
-        check = _ratio_check(tp_id, "throughput_drop_max", "throughput drop", case,
-                             _samples(rc, "output_tokens_per_s"), _samples(cc, "output_tokens_per_s"),
-                             bars.throughput_drop_max, drop=True)
-        if any(failed.values()):
-            check["text"] += f"; {failed['errors']} failed and {failed['incomplete']} cut-off requests on {cand}"
-        out.append(check)
-        for key_p99, label in P99_KEYS:
-            r, c = _samples(rc, key_p99), _samples(cc, key_p99)
-            if not r and not c:
-                continue  # the probe does not report this percentile
-            metric_id = key_p99.removesuffix("_s")
-            out.append(_ratio_check(f"load.{case.replace(' ', '.')}.{metric_id}_rise", "p99_latency_rise_max",
-                                    _p99_metric(label), case, r, c, bars.p99_latency_rise_max, drop=False))
-        why = _client_limited({inputs["reference"]: rc, cand: cc}, bars)
-        if why:
-            for check in out[first:]:
-                check["client_limited"] = why
-                judged_before = check["outcome"] in ("pass", "fail")
-                check["outcome"] = "inconclusive" if judged_before else check["outcome"]
-                check["text"] += f"; {'not judged' if judged_before else 'also'}: client-limited ({why})"
-                if "power" in check:
-                    check["power"]["client_limited"] = True
+    scoped = _scope(probe, blocks.cases)
+    if scoped is None:
+        out.append(not_measured("load.endpoint.throughput_drop", "throughput_drop_max", "throughput drop", "load",
+                                f"the endpoint case agents={design.get('endpoint')} was not measured on both",
+                                bars.throughput_drop_max))
+    else:
+        scope, scope_text = scoped
+        losses, _, dropped = blocks.losses(scope, THROUGHPUT, drop=True)
+        out.append(endpoint_check("load.endpoint.throughput_drop", "throughput_drop_max",
+                                  f"throughput drop, {scope_text}",
+                                  losses, dropped, scope_text, bars.throughput_drop_max, plan, drop=True, stop=stop))
+        latency = design.get("latency_endpoint")
+        if latency:
+            key, label = LATENCY_ENDPOINTS[latency]
+            losses, _, dropped = blocks.losses(scope, key, drop=False)
+            out.append(endpoint_check(f"load.endpoint.{latency}_rise", "p99_latency_rise_max",
+                                      f"{label} rise, {scope_text}", losses, dropped, scope_text,
+                                      bars.p99_latency_rise_max, plan, drop=False, stop=stop))
+    out += _guardrails(blocks, bars)
+    if design.get("advisory"):
+        # Declared before the run (a canary's --advisory-speed): reported, never deciding.
+        for check in out:
+            check.update(gating=False, advisory=True)
+            check["text"] += " (advisory: never changes the decision)"
     return out
 
 
-def _client_limited(groups: dict[str, list[dict[str, Any]]], bars: Any) -> str | None:
-    """The first run of this case, on either server, whose client could have moved a p99 by more than
-    a tenth of the bar (kvprobe.load.client_load.limited, on the recorded client figures)."""
-    from kvprobe.load.client_load import limited
-
-    for name, cases in groups.items():
-        for run in (r for case in cases for r in (case.get("repeats") or [case])):
-            if not any(k.startswith("client_") and k != "client_limited_why" for k in run):
-                continue  # recorded before kvprobe measured its client
-            why = limited(run, run, bars.p99_latency_rise_max, bars.throughput_drop_max)
-            if why:
-                return f"{name} run {int(run.get('repeat', 0)) + 1}: {why}"
-    return None
-
+def decided(checks: list[dict[str, Any]]) -> bool | None:
+    """Whether the primary endpoints have settled (the probe stops measuring the candidate): True once
+    one fails or all pass, False while any is open, None when there is no endpoint to settle."""
+    primary = [c for c in checks if c["id"].startswith("load.endpoint.")]
+    if not primary or any(c["outcome"] == "not_measured" for c in primary):
+        return None
+    if any(c["outcome"] == "fail" for c in primary):
+        return True
+    return all(c["outcome"] == "pass" for c in primary)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -107,6 +108,19 @@ def limited(client: dict[str, Any], case: dict[str, Any], latency_bar: float,
         return (f"the client's loop ran {mean * 1000:.2f} ms late on average, {mean / e2e:.1%} of a request's "
                 f"median span: over a tenth of the {throughput_bar:.0%} throughput bar")
     return None
+
+
+def throughput_effect(run: dict[str, Any]) -> float | None:
+    """How much lighter the client made a closed-loop run's offered load: its mean loop lag as a share of a
+    request's median span (each turn goes out about that late); infinite when the client used a whole
+    core; None when the run carries no client figures."""
+    cpu = run.get("client_cpu_share")
+    if isinstance(cpu, int | float) and cpu >= CPU_LIMIT:
+        return math.inf
+    mean, e2e = run.get("client_loop_lag_mean_s"), _p50(run, "e2e")
+    if isinstance(mean, int | float) and isinstance(e2e, int | float) and e2e > 0:
+        return mean / e2e
+    return 0.0 if isinstance(cpu, int | float) else None
 
 
 def _p50(case: dict[str, Any], name: str) -> float | None:

@@ -126,6 +126,9 @@ def summarize_run(rows: Sequence[dict[str, Any]], duration_s: float, slo: Slo) -
         # flat, so the verdict's evidence keeps them (the client_limited rule reads them)
         "itl_p50_s": _r(lat["itl"]["p50"]),
         "e2e_p50_s": _r(lat["e2e"]["p50"]),
+        # p90 latency endpoints: a run of fewer than 100 requests has no meaningful p99 of TTFT or E2E
+        "ttft_p90_s": _r(lat["ttft"]["p90"]),
+        "e2e_p90_s": _r(lat["e2e"]["p90"]),
     }
 
 

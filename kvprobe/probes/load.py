@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from kvprobe.budget import RESERVE_S
 from kvprobe.disk import DiskError, mkdir
 from kvprobe.errors import ConfigError, KvprobeError, Unreachable
 from kvprobe.evaluation import EvalContext
@@ -41,6 +42,10 @@ from kvprobe.load.workload import (
     shapes_of,
 )
 from kvprobe.report.terminal import load_table, print_wide
+from kvprobe.sequential import of_settings, williams
+
+# What the speed design declares before the run (recorded in load.json and the verdict's evidence).
+DESIGN_FIELDS = ("endpoint", "latency_endpoint", "max_blocks", "look_every", "repeats", "budget_s", "advisory")
 
 # Headroom for the chat template around the messages, in tokens.
 TEMPLATE_TOKENS = 64
@@ -54,7 +59,9 @@ RESET_REFUSED = ("not offered: vLLM serves /reset_prefix_cache only with VLLM_SE
 def settings_digest(ctx: EvalContext) -> str:
     """What decides a unit's measurement; units recorded under another digest are not reused."""
     data = ctx.config.load.model_dump(mode="json")
-    for key in ("metrics_interval_s", "warmup", "settle_s", "processes"):  # how we look, not what is measured
+    # how we look and when we stop, not what a unit measures
+    for key in ("metrics_interval_s", "warmup", "settle_s", "processes", "advisory", "budget_s", "max_blocks",
+                "look_every", "endpoint", "latency_endpoint"):
         data.pop(key, None)
     return hashlib.sha256(orjson.dumps(data, option=orjson.OPT_SORT_KEYS)).hexdigest()[:12]
 
@@ -120,18 +127,20 @@ async def _load_setup(ctx: EvalContext, digest: str) -> tuple[float, str]:
     return cpt, run_nonce
 
 
-def _plan(shapes: list[Shape], repeats: int, servers: list[str]) -> list[tuple[Shape, int, int, list[str]]]:
-    """(shape, agents, repeat, server order): repeats outermost so runs of a case are spread in time;
-    the server order flips every other case."""
-    plan = []
-    k = 0
-    for repeat in range(repeats):
-        for shape in shapes:
-            for agents in shape.agents:
-                order = servers if k % 2 == 0 else list(reversed(servers))
-                plan.append((shape, agents, repeat, order))
-                k += 1
-    return plan
+def _cases(shapes: list[Shape]) -> list[tuple[Shape, int]]:
+    return [(shape, agents) for shape in shapes for agents in shape.agents]
+
+
+def _order(servers: list[str], block: int) -> list[str]:
+    """The servers' order in a block: a Williams design (every server in every position, and after every
+    other, equally often), so position effects and drift hit every server alike."""
+    rows = williams(len(servers))
+    return [servers[i] for i in rows[block % len(rows)]]
+
+
+def _rotated(cases: list[tuple[Shape, int]], block: int) -> list[tuple[Shape, int]]:
+    k = block % len(cases)
+    return cases[k:] + cases[:k]
 
 
 class _Writer:
@@ -248,7 +257,7 @@ async def _run_unit(ctx: EvalContext, name: str, shape: Shape, agents: int, repe
     ids = {"server": name, "shape": shape.name, "agents": agents, "repeat": repeat, "unit": unit, "digest": digest}
     writer = _Writer(ctx)
     done = {"n": 0}
-    label = f"{name} · {shape.name} · {agents} agent{'s' if agents > 1 else ''} · run {repeat + 1}/{settings.repeats}"
+    label = f"{name} · {shape.name} · {agents} agent{'s' if agents > 1 else ''} · block {repeat + 1}"
 
     def tick(_shard: int = 0) -> None:
         done["n"] += 1
@@ -323,6 +332,9 @@ def build_summary(ctx: EvalContext, digest: str, servers: list[str]) -> dict[str
             entries.append(_case_entry(shape_info, key[2], events, case_rows, ctx))
         prefix = next((e.get("prefix_cache") for e in reversed(cases) if e["server"] == name), None)
         out["servers"][name] = {"cases": entries, "broken": ctx.broken.get(name), "prefix_cache": prefix}
+    out["design"] = {k: out["settings"].get(k) for k in DESIGN_FIELDS}
+    out["design"]["plan"] = of_settings(ctx.config.load).as_dict()
+    out["stops"] = {e["server"]: e["why"] for e in ctx.run.events("load_stop", digest=digest)}
     return out
 
 
@@ -338,19 +350,16 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
                               f"which is not a server in servers.toml", highlight=False)
     chars_per_token, run_nonce = await _load_setup(ctx, digest)
     source = TextSource(chars_per_token)
-    finished = {(e["server"], e["shape"], e["agents"], e["repeat"])
-                for e in ctx.run.events("load_case", digest=digest)}
-    plan = _plan(shapes, settings.repeats, servers)
+    need = max((processes_for(settings, a) for _, a in _cases(shapes)), default=1)
+    alone = all(n == ctx.reference for n in servers)
     notes: dict[str, str] = {}
-    pending = [agents for shape, agents, repeat, order in plan for name in order
-               if (name, shape.name, agents, repeat) not in finished]
-    need = max((processes_for(settings, a) for a in pending), default=1)  # none spawned for a finished run
     async with contextlib.AsyncExitStack() as stack:
-        workers = await stack.enter_async_context(Workers(need)) if need > 1 else None
+        spawn = need > 1 and (alone or not _settled(ctx, digest, servers))  # none for a finished run
+        workers = await stack.enter_async_context(Workers(need)) if spawn else None
         if workers is not None:
             ctx.console.print(f"load: {need} client worker processes (pids {', '.join(map(str, workers.pids))})",
                               highlight=False)
-        await _run_plan(ctx, shapes, plan, finished, digest, run_nonce, source, notes, servers, workers)
+        await _run_blocks(ctx, shapes, digest, run_nonce, source, notes, servers, workers)
     summary = build_summary(ctx, digest, servers)
     ctx.run.write_json("load.json", summary)
     from kvprobe.checks import live_checks
@@ -360,27 +369,104 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
     return summary
 
 
-async def _run_plan(ctx: EvalContext, shapes: list[Shape], plan: list[tuple[Shape, int, int, list[str]]],
-                    finished: set[tuple[str, str, int, int]], digest: str, run_nonce: str, source: TextSource,
-                    notes: dict[str, str], servers: list[str], workers: Workers | None) -> None:
+def _standing(ctx: EvalContext, digest: str, servers: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """Each candidate's speed checks on the blocks recorded so far: the same checks the verdict runs."""
+    from kvprobe.checks import live_checks
+
+    summary = build_summary(ctx, digest, servers)
+    return live_checks("load", summary, ctx.reference, list(summary["servers"]), ctx.config.bars)
+
+
+def _endpoints(checks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [c for c in checks if c["id"].startswith("load.endpoint.")]
+
+
+def _is_settled(checks: list[dict[str, Any]]) -> bool:
+    """A candidate needs no more blocks: an endpoint failed, or every endpoint passed or used the design."""
+    primary = _endpoints(checks)
+    if any(c["outcome"] == "fail" for c in primary):
+        return True
+    return bool(primary) and all(c.get("state") in ("decided", "spent") for c in primary)
+
+
+def _settled(ctx: EvalContext, digest: str, servers: list[str]) -> bool:
+    """Every candidate settled or stopped already (a rerun into a finished run measures nothing)."""
+    stopped = {e["server"] for e in ctx.run.events("load_stop", digest=digest)}
+    standing = _standing(ctx, digest, servers)
+    return all(c in stopped or _is_settled(standing.get(c, [])) for c in servers if c != ctx.reference)
+
+
+def _stop(ctx: EvalContext, digest: str, name: str, why: str, blocks: int) -> None:
+    ctx.run.event("load_stop", digest=digest, server=name, why=why, blocks=blocks)
+
+
+async def _run_blocks(ctx: EvalContext, shapes: list[Shape], digest: str, run_nonce: str, source: TextSource,
+                      notes: dict[str, str], servers: list[str], workers: Workers | None) -> None:
+    """Blocks until every candidate's endpoint is settled: each block runs every case on the reference and
+    each unsettled candidate in a balanced order; the decision is looked at after every block (it can
+    only cross a boundary at a planned look). A resumed run walks the same blocks, skipping finished units."""
     settings = ctx.config.load
+    design = of_settings(settings)
+    ref, cases = ctx.reference, _cases(shapes)
+    alone = all(n == ref for n in servers)
+    # Client-limited blocks are re-run, at most this many beyond n_max; a fixed design ([load] repeats) runs
+    # exactly its blocks, as declared.
+    spare = 0 if settings.repeats is not None else max(2, design.n_max // 4)
+    deadline = min((d for d in (ctx.deadline - RESERVE_S if ctx.deadline else None,
+                                time.monotonic() + settings.budget_s if settings.budget_s else None) if d),
+                   default=None)
+    finished = {(e["server"], e["shape"], e["agents"], e["repeat"])
+                for e in ctx.run.events("load_case", digest=digest)}
+    stopped = {e["server"] for e in ctx.run.events("load_stop", digest=digest)}
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
+    block, block_s = 0, 0.0
     with Progress(*columns, console=ctx.console, refresh_per_second=4) as progress:
-        tasks = {name: progress.add_task(name, total=len(plan)) for name in servers}
-        if settings.warmup:
-            for shape in shapes:
-                for name in servers:
-                    todo = [u for u in plan if u[0] == shape and (name, shape.name, u[1], u[2]) not in finished]
-                    if todo and name in ctx.active():
-                        await _warm_up(ctx, name, shape, digest, run_nonce, source, progress, tasks[name],
-                                       workers)
-        for shape, agents, repeat, order in plan:
-            for name in order:
-                if name not in ctx.active():
-                    continue
-                if (name, shape.name, agents, repeat) in finished:
-                    progress.update(tasks[name], advance=1)
-                    continue
-                await _run_unit(ctx, name, shape, agents, repeat, digest, run_nonce, source, notes, progress,
-                                tasks[name], workers)
+        tasks = {name: progress.add_task(name, total=design.n_max * len(cases)) for name in servers}
+        warmed: set[str] = set()
+        while ref in ctx.active():
+            standing = _standing(ctx, digest, servers)
+            open_ = []
+            for cand in (s for s in servers if s != ref and s not in stopped):
+                if cand not in ctx.active():
+                    continue  # broken: the verdict says so
+                if not _is_settled(standing.get(cand, [])):
+                    open_.append(cand)
+            if not open_ and (not alone or block >= design.looks[0]):
+                break  # the reference alone (nothing to compare) runs the design's first look's blocks
+            why = None
+            if block >= design.n_max + spare:
+                why = (f"{block} blocks run, {spare} beyond the design's {design.n_max} to replace client-limited ones"
+                       if spare else f"the design's {design.n_max} blocks run")
+            elif deadline is not None and time.monotonic() + block_s > deadline:
+                why = f"the load budget was spent after {block} blocks"
+            if why:
+                for cand in open_:
+                    _stop(ctx, digest, cand, why, block)
+                progress.console.print(f"load: {why}; {', '.join(open_)} not settled", highlight=False)
+                break
+            t0 = time.monotonic()
+            order = _order([ref, *open_], block)
+            if settings.warmup:
+                for name in (n for n in order if n not in warmed and n in ctx.active()):
+                    if any((name, sh.name, a, block) not in finished for sh, a in cases):
+                        for shape in shapes:
+                            await _warm_up(ctx, name, shape, digest, run_nonce, source, progress, tasks[name],
+                                           workers)
+                    warmed.add(name)
+            for shape, agents in _rotated(cases, block):
+                for name in order:
+                    if name not in ctx.active():
+                        continue
+                    if (name, shape.name, agents, block) in finished:
+                        progress.update(tasks[name], advance=1)
+                        continue
+                    await _run_unit(ctx, name, shape, agents, block, digest, run_nonce, source, notes, progress,
+                                    tasks[name], workers)
+            block_s = time.monotonic() - t0
+            block += 1
+            if block in design.looks:
+                for cand, checks in _standing(ctx, digest, servers).items():
+                    if cand in open_:
+                        for check in _endpoints(checks):
+                            progress.console.print(f"  {cand} {check['text']}", highlight=False, soft_wrap=True)

@@ -73,7 +73,16 @@ def label(check: dict[str, Any]) -> str:
     ("at shape=default agents=4"); a task's case is already in its metric."""
     metric = check.get("metric") or check.get("bar") or "check"
     case = check.get("case")
-    return metric if not case or str(case) in metric else f"{metric} at {case}"
+    text = metric if not case or str(case) in metric else f"{metric} at {case}"
+    return text if check.get("gating", True) else f"guardrail: {text}"
+
+
+def holds_back(check: dict[str, Any]) -> bool:
+    """Whether a check keeps its candidate from adopt: anything but a pass, except a guardrail
+    (gating: false), which only a fail counts."""
+    if check.get("gating", True):
+        return check["outcome"] != "pass"
+    return check["outcome"] == "fail" and not check.get("advisory")
 
 
 def find(checks: Iterable[dict[str, Any]], bar: str, case: str | None = None, metric: str | None = None

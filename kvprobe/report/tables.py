@@ -245,6 +245,15 @@ def power_table(v: dict[str, Any]) -> TableData | None:
     blocks = []
     for name, d in v["decisions"].items():
         for c in d.get("checks") or []:
+            seq = c.get("sequential")
+            if seq and seq.get("look"):  # a speed endpoint: the sequential design's own figures
+                look = seq["look"]
+                more = look.get("more_blocks")
+                settle = f"about {more} more blocks" if c["outcome"] == "inconclusive" and more else "-"
+                t.rows.append([name, cells.label(c), f"{seq['blocks']} blocks", f"{look['se']:.4f} (log)", "-", "-",
+                               cells.limit_text(c), c["outcome"], settle])
+                t.tags.append(c["outcome"])
+                continue
             block = c.get("power")
             if not block:
                 continue
@@ -271,7 +280,8 @@ def _power_note(blocks: list[dict[str, Any]]) -> str:
             "a candidate equal to the reference would pass every gating check of its family together with power "
             f"{power:g}, with its range over the spread's own uncertainty (a run already that large: the estimate, "
             "not the size, holds it back); a client-limited speed check is settled by a quieter client, not by more "
-            "runs.")
+            "runs. A speed endpoint is decided by its group-sequential design instead: n is its paired blocks, "
+            "and what would settle it is the blocks its current estimate would need.")
     if any("detectable" in b for b in blocks):
         note += (" Written under kvprobe.rules/2: its power figures were a size detectable against 0, not against "
                  "the bar, so passes/fails at most are not recorded (-).")
@@ -313,13 +323,17 @@ def speed_table(v: dict[str, Any]) -> TableData | None:
             here = [c for c in mine if c.get("case") == case]
             # a case-less check stands for the whole probe (not measured): one per bar, no metric to match
             found = [cells.find(here, bar, case, metric if case is not None else None) for bar, metric in _LOAD_CHECKS]
-            t.rows.append([name, case or "-", *(cells.ratio_text(c) for c in found)])
+            primary = case is None and any(str(c.get("id", "")).startswith("load.endpoint.") for c in here)
+            label = case or ("primary endpoint" if primary else "-")
+            t.rows.append([name, label, *(cells.ratio_text(c) for c in found)])
             t.tags.append(_worst(*found))
     if not t.rows:
         return None
-    t.note = ("Candidate / reference per load case: the check's ratio with its 95% interval (Welch t on log values "
-              "over the repeated runs) and its outcome against the bars (throughput drop, p99 rise); not judged: "
-              "the client could have moved the case's numbers (client-limited), so the check is inconclusive.")
+    t.note = ("Candidate / reference: the check's ratio with its interval and outcome. Rules/4: the primary endpoint "
+              "row is the one that gates adopt (paired blocks, group-sequential, its repeated confidence interval); "
+              "the per-case rows are guardrails (paired t over the blocks, Holm-adjusted, failing only past twice "
+              "the bar). Rules/3: per case, Welch t on log values over the repeated runs; not judged: the client "
+              "could have moved the case's numbers (client-limited).")
     return t
 
 

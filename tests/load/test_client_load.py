@@ -58,13 +58,14 @@ def test_the_rule_a_tenth_of_the_bar_on_the_p99_the_lag_would_move() -> None:
     assert "95% of a core" in limited({"client_stamps": "kernel", "client_cpu_share": 0.95}, CASE, 0.10)
 
 
-def test_a_client_limited_case_makes_its_speed_bars_inconclusive(tmp_path: Path) -> None:
-    m = Measurements()
+def test_a_client_limited_block_is_dropped_and_never_counted(tmp_path: Path) -> None:
+    m = Measurements()  # 4 blocks: the first look of the default design
     m.load["servers"]["cand"]["cases"][0] |= {"client_stamps": "loop", "client_loop_lag_p99_s": 0.05,
-                                              "client_cpu_share": 0.4}
+                                              "client_cpu_share": 0.95}  # the client used a whole core
     v = build_verdict(m.write(tmp_path / "r"))
-    load = [c for c in v["decisions"]["cand"]["checks"] if c["probe"] == "load"]
-    assert load and all(c["outcome"] == "inconclusive" and "client-limited (cand run 1" in c["text"] for c in load)
+    endpoint = next(c for c in v["decisions"]["cand"]["checks"] if c["id"] == "load.endpoint.throughput_drop")
+    assert endpoint["outcome"] == "inconclusive" and "1 client-limited block dropped" in endpoint["text"]
+    assert endpoint["sequential"]["blocks"] == 3  # short of the first look: no decision on 3
     assert v["decisions"]["cand"]["decision"] == "inconclusive" and rederive(v) == []
     # The same numbers without the client's figures (a run recorded before kvprobe measured it) pass.
     assert build_verdict(Measurements().write(tmp_path / "s"))["decisions"]["cand"]["decision"] == "adopt"
