@@ -304,13 +304,3 @@ def load_checks(inputs: dict[str, Any], cand: str, bars: Any) -> list[dict[str, 
             check["text"] += " (advisory: never changes the decision)"
     return out
 
-
-def decided(checks: list[dict[str, Any]]) -> bool | None:
-    """Whether the primary endpoints have settled (the probe stops measuring the candidate): True once
-    one fails or all pass, False while any is open, None when there is no endpoint to settle."""
-    primary = [c for c in checks if c["id"].startswith("load.endpoint.")]
-    if not primary or any(c["outcome"] == "not_measured" for c in primary):
-        return None
-    if any(c["outcome"] == "fail" for c in primary):
-        return True
-    return all(c["outcome"] == "pass" for c in primary)

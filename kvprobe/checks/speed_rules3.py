@@ -12,41 +12,12 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable
 from typing import Any
 
 from kvprobe.checks._common import iv_text, judged, make_check, not_measured, pct, probe_missing, with_power
+from kvprobe.checks.speed import case_key, natural_order  # the case identity rules/3 and /4 share
 from kvprobe.load.stats import P99_KEYS
 from kvprobe.stats import loss_interval, welch_log_ratio
-
-
-def case_key(case: dict[str, Any]) -> tuple[str, ...]:
-    """A load case's identity: its workload shape (by name), concurrency and, open loop, its rate."""
-    parts = [f"{k}={case[k]}" for k in ("shape", "name") if case.get(k) is not None]
-    parts.append(f"agents={case.get('agents')}")
-    if case.get("rate") is not None:
-        parts.append(f"rate={case['rate']}")
-    return tuple(parts)
-
-
-def runs_by_case(cases: list[dict[str, Any]]) -> dict[tuple[str, ...], list[dict[str, Any]]]:
-    """Every run of each load case (a case's own repeats when it lists them, else the case itself),
-    grouped by case_key."""
-    groups: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
-    for case in cases:
-        groups[case_key(case)] += case.get("repeats") or [case]
-    return groups
-
-
-def natural_order(key: Iterable[str]) -> tuple[Any, ...]:
-    out: list[Any] = []
-    for part in key:
-        name, _, value = part.partition("=")
-        try:
-            out.append((name, float(value), ""))
-        except ValueError:
-            out.append((name, float("inf"), value))
-    return tuple(out)
 
 
 def _samples(cases: list[dict[str, Any]], key: str) -> list[float]:
