@@ -71,9 +71,11 @@ def test_two_processes_share_a_case_and_merge_into_one_log(vllm_servers: dict[st
         rows = [r for r in _events(out, "load_request") if r["unit"] == case["unit"]]
         assert len(rows) == 6 * 2 and all(r["status"] == "ok" for r in rows)
         assert {(r["agent"], r["process"]) for r in rows} == {(a, a % 2) for a in range(6)}
-        # one time base: both shards started together (t0 relative to the shared start)
+        # one time base: both shards started together (t0 relative to the shared start). Shards run one after
+        # the other would put a first request a whole shard (seconds) late; waking a process on a busy 2-core
+        # box beside three servers took up to 58 ms in CI, so the bar sits well above that and below a shard.
         first = {p: min(r["t0"] for r in rows if r["process"] == p) for p in (0, 1)}
-        assert all(0 <= t < 0.05 for t in first.values()), first
+        assert all(0 <= t < 0.3 for t in first.values()), first
     assert not (out / "load-shards").exists()
     data = json.loads((out / "load.json").read_text())
     for name in ("auto", "fp8"):
