@@ -19,6 +19,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from kvprobe.servers import LaunchError, LocalServer, ServerSpec, Testbed, start_each, stop, testbed
+from kvprobe.servers.launcher import MODULE_TOKENS, home, overruns, tokens_served
 
 TRIO = ("reference", "lossless_2x", "lossy_2x")
 
@@ -88,8 +89,8 @@ def start_servers(_started_ports: set[int]):
     """start_servers(specs) -> servers, all or none; every server it started is stopped at the end of
     the session, also those started before another one failed."""
 
-    def go(specs: list[ServerSpec]) -> list[LocalServer]:
-        results = start_each(specs)
+    def go(specs: list[ServerSpec], tokens_needed: int = MODULE_TOKENS) -> list[LocalServer]:
+        results = start_each(specs, tokens_needed=tokens_needed)
         _started_ports.update(r.spec.port for r in results if isinstance(r, LocalServer) and not r.reused)
         for r in results:
             if isinstance(r, LaunchError):
@@ -100,17 +101,36 @@ def start_servers(_started_ports: set[int]):
 
 
 @pytest.fixture(scope="module")
-def vllm_servers(bed: Testbed, start_servers) -> dict[str, LocalServer]:
+def vllm_servers(request: pytest.FixtureRequest, bed: Testbed, start_servers) -> Iterator[dict[str, LocalServer]]:
     """The trio, by scenario: "reference", "lossy_2x" and, where this CPU runs one, "lossless_2x";
     "any_2x" is a 2x candidate that serves (the lossless one where there is one).
 
     Same model, same flags; only the KV dtype differs. Checked per module, not once per session: the
-    launcher recycles a server whose kernel overruns its pool (launcher.overruns) once it has served too
-    many tokens, so each module starts from a server that is fit for it."""
+    launcher recycles a server whose kernel overruns its pool (launcher.overruns) unless half its pool
+    still holds what the module will serve. A module declares that with `pytest.mark.serves_tokens(n)`
+    (else MODULE_TOKENS, enough for a 40-needle run), and the declaration is checked here at the module's
+    end: a module that served more than it declared fails, before a later one meets a server past its
+    buffer. Restarting the lossy server for every module cost ~50 s each, 4-5 times a CI run."""
+    marker = request.node.get_closest_marker("serves_tokens")
+    declared = int(marker.args[0]) if marker else None
     keys = [k for k in TRIO if bed.available(k)]
-    servers = dict(zip(keys, start_servers([bed[k].spec for k in keys]), strict=True))
+    servers = dict(zip(keys, start_servers([bed[k].spec for k in keys], declared or MODULE_TOKENS), strict=True))
     servers["any_2x"] = servers.get("lossless_2x") or servers["lossy_2x"]
-    return servers
+    watched = {k: s for k, s in servers.items() if k in TRIO and overruns(s.spec)}
+    before = {k: tokens_served(s.url) for k, s in watched.items()}
+    yield servers
+    for key, server in watched.items():
+        start, end = before[key], tokens_served(server.url)
+        if start is None or end is None or end[0] < start[0]:  # unreadable, or restarted within the module
+            continue
+        served = end[0] - start[0]
+        (home() / "logs").mkdir(parents=True, exist_ok=True)
+        with open(home() / "logs" / "tokens-by-module.log", "a") as log:
+            log.write(f"{request.node.nodeid} {key} {server.spec.kv_cache_dtype}: served {served:,} "
+                      f"(declared {declared if declared is not None else 'none'}), now {end[0]:,} of {end[1]:,}\n")
+        if declared is not None and served > declared:
+            pytest.fail(f"{request.node.nodeid} served {served:,} tokens to {key} ({server.spec.kv_cache_dtype}) but "
+                        f"declares serves_tokens({declared:,}): raise the declaration", pytrace=False)
 
 
 @pytest.fixture(autouse=True, scope="session")

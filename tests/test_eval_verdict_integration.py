@@ -23,7 +23,7 @@ from scenarios import require, trio
 from kvprobe.canary import CANARY_AGREEMENT, CANARY_LOAD, CANARY_NEEDLE, CANARY_PERPLEXITY, canary_probes
 from kvprobe.sign import NAMESPACE
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(150_000)]  # checked in conftest
 
 QUALITY_PROBES = {"perplexity", "needle"}
 

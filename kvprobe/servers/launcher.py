@@ -335,9 +335,10 @@ def _post(url: str, body: dict, timeout: float) -> None:
 # at block 4096 of 8192). The same holds for 16-bit KV on float32 weights on the AVX2 path (the kernel
 # writes float32 entries into a pool sized for 16 bits; that engine died under load, and in a 40-needle
 # run after earlier tests). The allocator walks the block ids in order as it serves new tokens, so a
-# server of such a spec is recycled unless half its claimed pool still holds what one test module serves
-# (the 40-needle run: ~210k tokens); a long run against a fresh one still hits the bug, and kvprobe
-# reports that server broken.
+# server of such a spec is recycled unless half its claimed pool still holds what the next user will serve:
+# MODULE_TOKENS when the caller does not say (the 40-needle run: ~210k tokens), or the caller's
+# `tokens_needed` (a test module declares what it serves, and its fixture checks the declaration). A long
+# run against a fresh one still hits the bug, and kvprobe reports that server broken.
 OVERRUN_DTYPES = frozenset({"int8_per_token_head", "fp8_per_token_head", "int4_per_token_head", "fp8_inc", "nvfp4"})
 MODULE_TOKENS = 250_000
 
@@ -364,7 +365,7 @@ def tokens_served(url: str) -> tuple[int, int | None] | None:
     return int((snap.total(PROMPT_TOKENS) or 0) + (snap.total(GENERATION_TOKENS) or 0)), claimed
 
 
-def _reusable(spec: ServerSpec) -> LocalServer | None:
+def _reusable(spec: ServerSpec, tokens_needed: int = MODULE_TOKENS) -> LocalServer | None:
     path = _state_path(spec.port)
     if not path.exists():
         return None
@@ -374,18 +375,20 @@ def _reusable(spec: ServerSpec) -> LocalServer | None:
     if overruns(spec):
         got = tokens_served(spec.url)
         served, claimed = got if got else (None, None)
-        if served is None or not claimed or served + MODULE_TOKENS > claimed // 2:
+        if served is None or not claimed or served + tokens_needed > claimed // 2:
             _log(f"recycling {spec.url} ({spec.kv_cache_dtype}, {served} tokens served of the {claimed} it claims, "
                  "half of which its buffer holds): see OVERRUN_DTYPES")
             return None
     return LocalServer(spec, state["pid"], Path(state["log"]), reused=True)
 
 
-def start(spec: ServerSpec, timeout_s: float = 600.0, reuse: bool = True) -> LocalServer:
-    """Start (or reuse) a real vLLM server for `spec`; returns once /health answers and it is warm."""
+def start(spec: ServerSpec, timeout_s: float = 600.0, reuse: bool = True,
+          tokens_needed: int = MODULE_TOKENS) -> LocalServer:
+    """Start (or reuse) a real vLLM server for `spec`; returns once /health answers and it is warm.
+    `tokens_needed`: what the caller will serve (prompt + generated), for a spec that `overruns`."""
     python = ensure_venv()
     with _locked(f"port-{spec.port}"):
-        if reuse and (server := _reusable(spec)):
+        if reuse and (server := _reusable(spec, tokens_needed)):
             return server
         stop(spec.port)
         if not port_free(spec.port):
@@ -449,7 +452,8 @@ def _warm_up(spec: ServerSpec) -> None:
                                            "messages": [{"role": "user", "content": "hi"}]}, timeout=180)
 
 
-def start_each(specs: list[ServerSpec], timeout_s: float = 600.0) -> list[LocalServer | LaunchError]:
+def start_each(specs: list[ServerSpec], timeout_s: float = 600.0,
+               tokens_needed: int = MODULE_TOKENS) -> list[LocalServer | LaunchError]:
     """Start servers side by side (startup is mostly waiting, so threads suffice); a server that
     cannot start gives its LaunchError in its place, the others are started all the same."""
     from concurrent.futures import ThreadPoolExecutor
@@ -458,7 +462,7 @@ def start_each(specs: list[ServerSpec], timeout_s: float = 600.0) -> list[LocalS
 
     def one(spec: ServerSpec) -> LocalServer | LaunchError:
         try:
-            return start(spec, timeout_s)
+            return start(spec, timeout_s, tokens_needed=tokens_needed)
         except LaunchError as exc:
             return exc
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvprobe.servers.launcher import ServerSpec
@@ -174,11 +174,3 @@ def testbed() -> Testbed:
 
 testbed.__test__ = False  # type: ignore[attr-defined]
 
-
-def hybrid_specs(port_ref: int, port_cand: int, model: str, **kw: object) -> tuple[ServerSpec, ServerSpec]:
-    """A hybrid pair that changes capacity on this CPU: fp8 KV where it runs, else a float16 SSM state."""
-    bed = testbed()
-    base = ServerSpec(port=port_ref, model=model, no_avx512=bed.forced, **kw)  # type: ignore[arg-type]
-    if bed.isa == "avx512":
-        return base, replace(base, port=port_cand, kv_cache_dtype="fp8")
-    return base, replace(base, port=port_cand, extra_args=("--mamba-ssm-cache-dtype", "float16"))
