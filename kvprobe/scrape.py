@@ -34,13 +34,22 @@ GENERATION_TOKENS = "vllm:generation_tokens_total"
 CACHE_CONFIG = "vllm:cache_config_info"
 
 COUNTERS = (PREEMPTIONS, PREFIX_QUERIES, PREFIX_HITS, PROMPT_TOKENS, GENERATION_TOKENS)
+# Speculative decoding, as vLLM's SpecDecodingProm registers it (vllm/v1/spec_decode/metrics.py): one
+# series per engine (labels model_name, engine; the per-position one adds position), registered only when
+# the server runs a speculative config, so a server without one has none of them. prometheus_client
+# exposes a counter with the _total suffix.
+SPEC_DRAFTS = "vllm:spec_decode_num_drafts_total"
+SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+SPEC_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+SPEC_DECODE = (SPEC_DRAFTS, SPEC_DRAFT_TOKENS, SPEC_ACCEPTED, SPEC_ACCEPTED_PER_POS)
 # What kvprobe reads from the samples, and what a sane value is. Other series may be NaN (an empty
 # summary) without it being anyone's concern.
 _SAMPLE_RANGES: dict[str, dict[str, Any]] = {
     KV_USAGE: {"minimum": 0, "maximum": 1},
     RUNNING: {"minimum": 0, "maximum": MAX_TOKENS},
     WAITING: {"minimum": 0, "maximum": MAX_TOKENS},
-    **{name: {"minimum": 0} for name in COUNTERS},
+    **{name: {"minimum": 0} for name in (*COUNTERS, *SPEC_DECODE)},
 }
 
 

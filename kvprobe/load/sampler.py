@@ -10,6 +10,7 @@ from typing import Any
 
 from kvprobe.client import Client
 from kvprobe.errors import KvprobeError
+from kvprobe.load import spec_decode
 from kvprobe.scrape import (
     GENERATION_TOKENS,
     KV_USAGE,
@@ -18,6 +19,7 @@ from kvprobe.scrape import (
     PREFIX_QUERIES,
     PROMPT_TOKENS,
     RUNNING,
+    SPEC_DECODE,
     WAITING,
     MetricsSnapshot,
     counter_deltas,
@@ -26,7 +28,8 @@ from kvprobe.scrape import (
 )
 
 # What a load case samples: the gauges and the counters whose deltas it reports.
-SAMPLED = (KV_USAGE, RUNNING, WAITING, PREEMPTIONS, PREFIX_QUERIES, PREFIX_HITS, PROMPT_TOKENS, GENERATION_TOKENS)
+SAMPLED = (KV_USAGE, RUNNING, WAITING, PREEMPTIONS, PREFIX_QUERIES, PREFIX_HITS, PROMPT_TOKENS, GENERATION_TOKENS,
+           *SPEC_DECODE)
 
 DELTA_NAMES = {
     PREEMPTIONS: "preemptions",
@@ -103,17 +106,20 @@ class MetricsSampler:
                 self._record(self.after)
 
     def summary(self) -> dict[str, Any]:
-        """Highest gauges over the case and counter deltas over its window."""
+        """Highest gauges over the case, counter deltas over its window and, where the server drafts
+        speculatively, the drafts' acceptance over it."""
         def top(key: str) -> float | None:
             vals = [s[key] for s in self.samples if s.get(key) is not None]
             return max(vals) if vals else None
 
         deltas: dict[str, float] = {}
+        spec = None
         if self.before is not None and self.after is not None:
             raw = counter_deltas(self.before, self.after)
             deltas = {DELTA_NAMES[k]: v for k, v in raw.items() if k in DELTA_NAMES}
+            spec = spec_decode.window(self.before, self.after)
         queries, hits = deltas.get("prefix_cache_queries"), deltas.get("prefix_cache_hits")
-        return {
+        out: dict[str, Any] = {
             "kv_usage_max": top("kv_usage"),
             "running_max": top("running"),
             "waiting_max": top("waiting"),
@@ -122,3 +128,6 @@ class MetricsSampler:
             "samples": self.samples,
             "errors": self.errors,
         }
+        if spec is not None:  # absent, not zero, on a server without speculative decoding
+            out["spec_decode"] = spec
+        return out

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from kvprobe.client import Generation
 from kvprobe.config import Slo
+from kvprobe.load import spec_decode
 from kvprobe.stats import percentiles
 from kvprobe.untrusted import Unreadable, optional_count
 
@@ -163,5 +164,6 @@ def combine_repeats(runs: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any
         "running_max": max((m.get("running_max") or 0 for m in metrics), default=None),
         "waiting_max": max((m.get("waiting_max") or 0 for m in metrics), default=None),
         "prefix_cache_hit_rate": _mean(m.get("prefix_cache_hit_rate") for m in metrics),
+        **spec_decode.pooled(spec_decode.flat(m.get("spec_decode")) for m in metrics),
         "repeats": list(runs),
     }

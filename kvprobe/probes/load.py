@@ -28,6 +28,7 @@ from kvprobe.disk import DiskError, mkdir
 from kvprobe.errors import ConfigError, KvprobeError, Unreachable
 from kvprobe.evaluation import EvalContext
 from kvprobe.fit import tightest, written
+from kvprobe.load import spec_decode
 from kvprobe.load.client_load import limited
 from kvprobe.load.generator import CaseOutcome, CaseRunner
 from kvprobe.load.processes import START_DELAY_S, ShardJob, Workers, merge_client, processes_for, read_rows
@@ -296,6 +297,7 @@ def _case_entry(shape_info: dict[str, Any], agents: int, events: list[dict[str, 
         why = limited(client, e["summary"], bars.p99_latency_rise_max, bars.throughput_drop_max) if client else None
         runs.append({"repeat": e["repeat"], **e["summary"], "kv_usage_max": metrics.get("kv_usage_max"),
                      "preemptions": int((metrics.get("deltas") or {}).get("preemptions", 0)), "metrics": metrics,
+                     **spec_decode.flat(metrics.get("spec_decode")),
                      **client, "client_limited": why is not None, "client_limited_why": why})
     settings = ctx.config.load
     reasons = [r["client_limited_why"] for r in runs if r["client_limited_why"]]

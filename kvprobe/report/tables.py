@@ -9,6 +9,7 @@ import numpy as np
 
 from kvprobe.checks import natural_order, runs_by_case  # load cases grouped and ordered as the checks do
 from kvprobe.knob import DEFAULT as DEFAULT_KNOB
+from kvprobe.load import spec_decode
 from kvprobe.report import cells
 from kvprobe.report.platform_text import recorded_platform_text
 
@@ -289,19 +290,25 @@ def _power_note(blocks: list[dict[str, Any]]) -> str:
 
 
 def load_table(v: dict[str, Any]) -> TableData | None:
-    """Per server and case its own numbers (means over its runs); the speed checks are in speed_table."""
+    """Per server and case its own numbers (means over its runs); the speed checks are in speed_table.
+    Beside output tok/s, draft acceptance where a server decodes speculatively (no column when none does)."""
     probe = (v.get("probes") or {}).get("load")
     if not probe:
         return None
+    groups = {name: runs_by_case(((probe.get("servers") or {}).get(name) or {}).get("cases") or [])
+              for name in v["order"]}
+    spec = spec_decode.any_recorded(r for by_case in groups.values() for rows in by_case.values() for r in rows)
     t = TableData("Load (mean over repeated runs)", ["server", "case", "runs", "requests", "errors", "output tok/s",
-                                                       "TTFT p99", "ITL p99", "E2E p99", "KV usage max",
-                                                       "preemptions"])
-    for name in v["order"]:
-        groups = runs_by_case(((probe.get("servers") or {}).get(name) or {}).get("cases") or [])
-        for key in sorted(groups, key=natural_order):
-            rows = groups[key]
-            t.rows.append([name, " ".join(key), *_load_numbers(rows)])
+                                                       *(["spec accept"] if spec else []), "TTFT p99", "ITL p99",
+                                                       "E2E p99", "KV usage max", "preemptions"])
+    for name, by_case in groups.items():
+        for key in sorted(by_case, key=natural_order):
+            rows = by_case[key]
+            t.rows.append([name, " ".join(key), *_load_numbers(rows, spec)])
             t.tags.append("broken" if any(r.get("errors") or r.get("incomplete") for r in rows) else None)
+    if spec:
+        t.note = ("spec accept: accepted / drafted tokens over the case's runs (vLLM's spec_decode counters, a ratio "
+                  "of sums) and tokens per step (1 + accepted per draft); shown beside speed, not judged.")
     return t
 
 
@@ -337,8 +344,9 @@ def speed_table(v: dict[str, Any]) -> TableData | None:
     return t
 
 
-def _load_numbers(rows: list[dict[str, Any]]) -> list[str]:
-    """One case's own numbers: runs, requests, failed requests and the means over its runs."""
+def _load_numbers(rows: list[dict[str, Any]], spec: bool = False) -> list[str]:
+    """One case's own numbers: runs, requests, failed requests and the means over its runs; with `spec`,
+    draft acceptance pooled over its runs after the throughput."""
     def m(field_name: str) -> float | None:
         return _mean([float(r[field_name]) for r in rows if isinstance(r.get(field_name), int | float)])
 
@@ -348,8 +356,9 @@ def _load_numbers(rows: list[dict[str, Any]]) -> list[str]:
     errors = sum(int(r.get("errors") or 0) for r in rows)
     cut = sum(int(r.get("incomplete") or 0) for r in rows)
     kv = m("kv_usage_max")
+    accept = [spec_decode.shown(spec_decode.pooled(rows))] if spec else []
     return [str(len(rows)), num(sum(int(r.get("requests") or 0) for r in rows)),
-            str(errors) + (f" (+{cut} cut off)" if cut else ""), num(m("output_tokens_per_s"), ".1f"),
+            str(errors) + (f" (+{cut} cut off)" if cut else ""), num(m("output_tokens_per_s"), ".1f"), *accept,
             s(m("ttft_p99_s")), s(m("itl_p99_s")), s(m("e2e_p99_s")), "-" if kv is None else f"{kv:.1%}",
             num(m("preemptions"), ".0f")]
 

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from kvprobe.checks import case_key
 from kvprobe.inventory import Inventory
+from kvprobe.load import spec_decode
 from kvprobe.report import cells
 from kvprobe.report.platform_text import platform_text
 
@@ -273,16 +274,23 @@ def _versus(checks: list[dict[str, Any]], case: str) -> str:
     return "\n".join(lines)
 
 
+_SPEC_CAPTION = ("; spec accept: accepted / drafted tokens over the case (vLLM's spec_decode counters) and "
+                 "tokens per step (1 + accepted per draft), shown, not judged")
+
+
 def load_table(summary: dict[str, Any], checks: Checks) -> Table:
     """One row per server and case (throughput is the mean over runs, p99s over all requests); for
-    candidates, each speed check's ratio to the reference with its 95% interval and its outcome."""
+    candidates, each speed check's ratio to the reference with its 95% interval and its outcome. Beside
+    tok/s, draft acceptance when a server decodes speculatively (no column when none does)."""
+    spec = spec_decode.any_recorded(c for s in summary["servers"].values() for c in s["cases"])
     table = Table(title="load: concurrent agents (streamed chat)", header_style="bold", box=box.SIMPLE_HEAD,
                   caption=f"vs ref: candidate / reference, the check's 95% interval; bars: throughput drop at most "
                           f"{_limits(checks, 'throughput_drop_max')}, p99 rise at most "
                           f"{_limits(checks, 'p99_latency_rise_max')}; not judged: the client could have moved "
-                          "the case's numbers (client-limited), so the check is inconclusive")
-    for col in ("server", "shape", "agents", "req", "err", "tok/s", "TTFT p99\nms", "ITL p99\nms", "E2E p99\nms",
-                "KV max", "preempt", "vs ref: ratio [95% CI]"):
+                          "the case's numbers (client-limited), so the check is inconclusive"
+                          + (_SPEC_CAPTION if spec else ""))
+    for col in ("server", "shape", "agents", "req", "err", "tok/s", *(["spec accept"] if spec else []),
+                "TTFT p99\nms", "ITL p99\nms", "E2E p99\nms", "KV max", "preempt", "vs ref: ratio [95% CI]"):
         table.add_column(col, justify="left" if col in ("server", "shape") or "vs ref" in col else "right")
     ref = summary["reference"]
     for name, server in summary["servers"].items():
@@ -294,13 +302,13 @@ def load_table(summary: dict[str, Any], checks: Checks) -> Table:
             kv = case.get("kv_usage_max")
             table.add_row(
                 label, str(case.get("shape")), str(case["agents"]), str(case["requests"]), _failed(case),
-                _num(case.get("output_tokens_per_s"), ",.0f"), _ms(case.get("ttft_p99_s")),
-                _ms(case.get("itl_p99_s")), _ms(case.get("e2e_p99_s")),
+                _num(case.get("output_tokens_per_s"), ",.0f"), *([spec_decode.shown(case)] if spec else []),
+                _ms(case.get("ttft_p99_s")), _ms(case.get("itl_p99_s")), _ms(case.get("e2e_p99_s")),
                 "-" if kv is None else f"{kv:.1%}", _num(case.get("preemptions")),
                 "-" if name == ref else _versus(mine, " ".join(case_key(case))),
             )
         if not server["cases"]:
             # a candidate with no case still has its checks: not measured, and why is in their text
             judged = "-" if name == ref or not mine else _judged(mine[0])
-            table.add_row(label, "-", "-", "0", "-", "-", "-", "-", "-", "-", "-", judged)
+            table.add_row(label, "-", "-", "0", *["-"] * (8 if spec else 7), judged)
     return table
