@@ -15,7 +15,7 @@ from typing import Any, Literal
 from kvprobe.client import Client
 from kvprobe.corpus import filler_ids, filler_text
 from kvprobe.errors import AuthError, KvprobeError, ServerError, Unreachable
-from kvprobe.platform import Platform, platform_from_system_env
+from kvprobe.platform import Platform, arch_mismatch, platform_from_system_env
 from kvprobe.scrape import Capacity, parse_metrics
 from kvprobe.untrusted import MAX_MODEL_LEN, Unreadable, number, optional_count
 
@@ -62,6 +62,11 @@ class Inventory:
     has_tokenize: bool = False
     server_info: dict[str, Any] | None = None  # flattened engine config (dev mode only), no secrets
     platform: Platform | None = None  # None: no /server_info, the platform is not exposed
+    # The attention backend and where it was learnt: "server_info" (forced with --attention-backend) or
+    # "declared" (servers.toml, from the server's log); None: not exposed. vLLM logs what it resolved
+    # ("Using FLASH_ATTN attention backend") but /server_info carries only a forced choice.
+    attention_backend: str | None = None
+    attention_backend_source: str | None = None
     smoke: Smoke | None = None
     warnings: list[str] = field(default_factory=list)
     # What the server sent that could not be read (each also a warning): the field is None instead.
@@ -189,6 +194,12 @@ async def take_inventory(
         if (info := await client.server_info()) is not None:
             inv.server_info = engine_facts(info)
             inv.platform = platform_from_system_env(info.get("system_env"))
+            if (mismatch := arch_mismatch(inv.platform)) is not None:
+                inv.warnings.append(f"{mismatch}: the vLLM build carries no kernels for this GPU's architecture "
+                                    "(compiled-for is not run-on); expect it to fail at the first real prefill")
+            forced = inv.server_info.get("vllm_config.attention_config.backend")
+            if isinstance(forced, str) and forced:
+                inv.attention_backend, inv.attention_backend_source = forced[:80], "server_info"
         try:
             await client.tokenize(prompt="kvprobe")
             inv.has_tokenize = True
@@ -314,8 +325,23 @@ async def _read_metrics(client: Client, inv: Inventory) -> None:
                             "(an estimate, wrong for hybrid models)")
 
 
+def declare_backend(inv: Inventory, declared: str | None) -> None:
+    """The operator's `attention_backend` for a server whose /server_info does not force one."""
+    if not declared:
+        return
+    if inv.attention_backend_source == "server_info":
+        if inv.attention_backend != declared:
+            inv.warnings.append(f"servers.toml declares attention_backend {declared!r}, but the server forces "
+                                f"{inv.attention_backend!r}: the server's is used")
+        return
+    inv.attention_backend, inv.attention_backend_source = declared, "declared"
+
+
 async def take_inventories(clients: list[Client], roles: dict[str, str] | None = None,
-                           **kw: Any) -> list[Inventory]:
-    roles = roles or {}
-    return list(await asyncio.gather(
+                           backends: dict[str, str | None] | None = None, **kw: Any) -> list[Inventory]:
+    roles, backends = roles or {}, backends or {}
+    inventories = list(await asyncio.gather(
         *(take_inventory(c, role=roles.get(c.name, "candidate"), **kw) for c in clients)))
+    for inv in inventories:
+        declare_backend(inv, backends.get(inv.name))
+    return inventories

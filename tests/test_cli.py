@@ -42,7 +42,8 @@ def test_audit_json_has_a_platform_or_says_it_is_not_exposed(replayed: None) -> 
     dev, plain = json.loads(result.stdout)
     assert dev["platform"] == {"cpu_model": "AMD EPYC", "cpu_family": 25, "cpu_model_number": 17,
                                "isa": ["avx2", "avx512_bf16", "avx512_vnni", "avx512f"], "nvidia_gpu_models": None,
-                               "nvidia_driver_version": None, "cuda_runtime_version": "13.0.88"}
+                               "nvidia_driver_version": None, "cuda_runtime_version": "13.0.88",
+                               "cuda_compiled_version": None, "cuda_available": False, "cuda_archs": None}
     assert dev["platform_note"] is None
     assert plain["platform"] is None and plain["platform_note"] == "platform not exposed"
 

@@ -14,14 +14,17 @@ REAL_ISA = ["avx2", "avx512_bf16", "avx512_vnni", "avx512f"]
 def test_real_captures_parse_to_the_cpu_that_served_them(name: str) -> None:
     p = platform_from_system_env(dev_server_info(name)["system_env"])
     assert p == Platform(cpu_model="AMD EPYC", cpu_family=25, cpu_model_number=17, isa=REAL_ISA,
-                         nvidia_gpu_models=None, nvidia_driver_version=None, cuda_runtime_version="13.0.88")
+                         nvidia_gpu_models=None, nvidia_driver_version=None, cuda_runtime_version="13.0.88",
+                         cuda_compiled_version=None, cuda_available=False, cuda_archs=None)
+    assert p.device == "cpu" and p.compute_capability is None
 
 
 def test_only_the_kernel_facts_are_kept_never_the_lscpu_text() -> None:
     data = json.dumps(platform_from_system_env(dev_server_info("auto")["system_env"]).to_dict())
     assert "fpu" not in data and "Vulnerability" not in data and "avx512vl" not in data
     assert set(json.loads(data)) == {"cpu_model", "cpu_family", "cpu_model_number", "isa", "nvidia_gpu_models",
-                                     "nvidia_driver_version", "cuda_runtime_version"}
+                                     "nvidia_driver_version", "cuda_runtime_version", "cuda_compiled_version",
+                                     "cuda_available", "cuda_archs"}
 
 
 def test_avx2_host_and_amx_flags() -> None:

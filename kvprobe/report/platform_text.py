@@ -29,9 +29,16 @@ def platform_text(platform: Platform | None) -> str:
     parts = [f"{cpu} {isa}"]
     if platform.nvidia_gpu_models:
         # The CUDA runtime is reported even by CPU-only builds; it only says something next to a GPU.
-        versions = [f"{label} {value}" for label, value in (("driver", platform.nvidia_driver_version),
-                                                            ("CUDA", platform.cuda_runtime_version)) if value]
-        parts.append(_gpus(platform.nvidia_gpu_models) + (f" ({', '.join(versions)})" if versions else ""))
+        # Run-on (GPU, its architecture, driver, runtime) beside compiled-for (torch's CUDA, the build's archs).
+        cc = platform.compute_capability
+        gpus = _gpus(platform.nvidia_gpu_models) + (f" sm_{cc.replace('.', '')}" if cc else "")
+        versions = [f"{label} {value}" for label, value in (
+            ("driver", platform.nvidia_driver_version), ("CUDA", platform.cuda_runtime_version and
+                                                         f"{platform.cuda_runtime_version} runtime"),
+            ("compiled for CUDA", platform.cuda_compiled_version),
+            ("kernels for", platform.cuda_archs and ";".join(f"sm_{a.replace('.', '')}" for a in platform.cuda_archs)),
+        ) if value]
+        parts.append(gpus + (f" ({', '.join(versions)})" if versions else ""))
     return "; ".join(parts)
 
 

@@ -18,7 +18,7 @@ def test_one_line_per_platform() -> None:
     gpus = "\n".join(f"GPU {i}: NVIDIA H100 80GB HBM3" for i in range(8))
     assert platform_text(Platform(cpu_family=25, isa=["avx2"], nvidia_gpu_models=gpus, nvidia_driver_version="550.54",
                                   cuda_runtime_version="12.4")) == \
-        "CPU ? (25/?) avx2; 8x NVIDIA H100 80GB HBM3 (driver 550.54, CUDA 12.4)"
+        "CPU ? (25/?) avx2; 8x NVIDIA H100 80GB HBM3 sm_90 (driver 550.54, CUDA 12.4 runtime)"
 
 
 def test_the_report_server_table_shows_the_platforms_the_pin_check_compared() -> None:
