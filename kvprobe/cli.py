@@ -398,19 +398,21 @@ def _parse_bytes(text: str) -> int:
               type=click.Choice(["auto", "float32", "float16", "bfloat16"]), help="conv state dtype")
 @click.option("--mamba-cache-mode", default="auto", show_default=True, type=click.Choice(["auto", "align", "none"]),
               help="align: prefix caching on; none: off; auto: vLLM's default (align for hybrids)")
-@click.option("--block-size", default=128, show_default=True, type=click.IntRange(min=1),
-              help="vLLM --block-size (the CPU build's default is 128)")
+@click.option("--platform", "platform_name", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]),
+              help="whose byte layout: the vLLM CPU build's, or CUDA's (per-token-head scales, nvfp4 packing)")
+@click.option("--block-size", default=None, type=click.IntRange(min=1),
+              help="vLLM --block-size (default: 128 on cpu, the CPU build's; 16 on cuda)")
 @click.option("--block-align", default=128, show_default=True, type=click.IntRange(min=1),
               help="hybrid alignment unit in tokens (128 measured on the CPU build)")
 @click.option("--max-num-batched-tokens", default=2048, show_default=True, type=click.IntRange(min=1),
               help="sliding-window layers reserve blocks for this many in-flight tokens")
 @click.option("--chart", type=click.Path(path_type=Path), default=None,
-              help="where to write the 'where the bytes are' PNG (default memmap.png; with --json only if given)")
+              help="write the 'where the bytes are' PNG here (none unless told)")
 @click.option("--lever-chart", type=click.Path(path_type=Path), default=None,
-              help="where to write the KV x SSM state dtype PNG of a hybrid (default: the chart's name + -lever)")
+              help="write the KV x SSM state dtype PNG of a hybrid here (with --chart: its name + -lever)")
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of tables")
 def memmap(config: Path, max_model_len: int | None, kv_dtypes: str, kv_memory: str, mamba_ssm_dtype: str,
-           mamba_cache_dtype: str, mamba_cache_mode: str, block_size: int, block_align: int,
+           mamba_cache_dtype: str, mamba_cache_mode: str, platform_name: str, block_size: int | None, block_align: int,
            max_num_batched_tokens: int, chart: Path | None, lever_chart: Path | None, as_json: bool) -> None:
     """Where the KV bytes are, the most a KV dtype can free, and (for a hybrid) which knob moves capacity:
     KV dtype or Mamba SSM state dtype. Predicted from a config.json."""
@@ -421,7 +423,8 @@ def memmap(config: Path, max_model_len: int | None, kv_dtypes: str, kv_memory: s
 
     try:
         settings = Settings(
-            kv_memory_bytes=_parse_bytes(kv_memory), block_size=block_size, block_align=block_align,
+            kv_memory_bytes=_parse_bytes(kv_memory), block_size=block_size or 0, block_align=block_align,
+            platform=platform_name,
             mamba_cache_mode=None if mamba_cache_mode == "auto" else mamba_cache_mode,
             mamba_cache_dtype=mamba_cache_dtype,
             mamba_ssm_cache_dtype=mamba_ssm_dtype, max_num_batched_tokens=max_num_batched_tokens,
@@ -433,7 +436,8 @@ def memmap(config: Path, max_model_len: int | None, kv_dtypes: str, kv_memory: s
     except ConfigError as exc:
         _fail(exc.problems)
     if as_json:
-        click.echo(orjson.dumps({**mm.to_json(), "lever": lv.to_json()}, option=orjson.OPT_INDENT_2).decode())
+        click.echo(orjson.dumps({"platform": settings.platform, **mm.to_json(), "lever": lv.to_json()},
+                                option=orjson.OPT_INDENT_2).decode())
     else:
         out_console.print(summary_table(mm))
         for dtype in mm.plans:
@@ -445,13 +449,13 @@ def memmap(config: Path, max_model_len: int | None, kv_dtypes: str, kv_memory: s
         out_console.print(mm.conclusion(), highlight=False, soft_wrap=True)
         if lv.ssm_dtypes:
             out_console.print(f"[bold]lever:[/bold] {lv.sentence()}", highlight=False, soft_wrap=True)
+    # Charts only where told: a command that prints a prediction does not litter the working directory.
     charts = []
-    if chart is not None or not as_json:
-        charts.append(("--chart", chart or Path("memmap.png"), lambda p: bytes_chart(mm, p), "chart"))
+    if chart is not None:
+        charts.append(("--chart", chart, lambda p: bytes_chart(mm, p), "chart"))
     # A dense model's grid is one column: the bytes chart already shows everything it would.
-    if lv.ssm_dtypes and (lever_chart is not None or chart is not None or not as_json):
-        base = chart or Path("memmap.png")
-        where = lever_chart or base.with_name(f"{base.stem}-lever{base.suffix or '.png'}")
+    if lv.ssm_dtypes and (lever_chart is not None or chart is not None):
+        where = lever_chart or chart.with_name(f"{chart.stem}-lever{chart.suffix or '.png'}")  # type: ignore[union-attr]
         charts.append(("--lever-chart", where, lambda p: draw_lever(lv, p), "lever chart"))
     for option, path, draw, label in charts:
         try:

@@ -27,6 +27,11 @@ class ConfigError(KvprobeError):
         super().__init__("\n".join(problems))
 
 
+class NotModelled(ConfigError):
+    """A valid input kvprobe's memory map has no byte model for (a format or platform): a limit, not a
+    mistake; a run leaves that prediction out and says why."""
+
+
 class ServerError(KvprobeError):
     """A server answered with an error or not at all."""
 

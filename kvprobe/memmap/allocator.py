@@ -26,8 +26,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from math import prod
 
-from kvprobe.errors import ConfigError
-from kvprobe.memmap.dtypes import MLA_TOKEN_BYTES, STATE_DTYPE_BYTES, kv_element_bytes, state_dtype
+from kvprobe.errors import ConfigError, NotModelled
+from kvprobe.memmap.dtypes import (
+    DEFAULT_BLOCK_SIZE,
+    MLA_TOKEN_BYTES,
+    STATE_DTYPE_BYTES,
+    check_platform,
+    kv_head_bytes,
+    state_dtype,
+)
 from kvprobe.memmap.shape import FULL, MLA, SLIDING, AttentionLayer, ModelShape, StateLayer
 
 
@@ -40,7 +47,7 @@ class Settings:
     """The server settings capacity depends on; defaults are the vLLM CPU build's."""
 
     kv_memory_bytes: int = 1 << 30  # VLLM_CPU_KVCACHE_SPACE=1 / --kv-cache-memory-bytes
-    block_size: int = 128  # --block-size; the CPU build's default
+    block_size: int = 0  # --block-size; 0: the platform's default (128 on the CPU build, 16 on CUDA)
     block_align: int = 128  # hybrid alignment unit in tokens (measured on the CPU build: 128)
     # "align" when prefix caching is on, "none" when off; None: vLLM's default, which turns prefix
     # caching on for generative hybrids and off for attention-free models (ModelConfig.
@@ -51,8 +58,12 @@ class Settings:
     max_num_batched_tokens: int = 2048  # the CPU API server's default; sliding windows reserve for it
     model_dtype: str | None = None  # --dtype of the weights (None: the config's); "auto" KV takes it
     concurrent_batches: int = 1  # 2 with async scheduling (GPU default); the CPU build turns it off
+    platform: str = "cpu"  # "cpu" (vllm-cpu) or "cuda": the per-token-head and nvfp4 layouts differ
 
     def __post_init__(self) -> None:
+        check_platform(self.platform)
+        if self.block_size == 0:
+            object.__setattr__(self, "block_size", DEFAULT_BLOCK_SIZE[self.platform])
         for name in ("kv_memory_bytes", "block_size", "block_align", "max_num_batched_tokens", "concurrent_batches"):
             if getattr(self, name) <= 0:
                 raise ConfigError([f"{name.replace('_', '-')}: must be positive, got {getattr(self, name)}"])
@@ -126,13 +137,15 @@ class Plan:
         return 100.0 * (self.state_page_padded - real) / real
 
 
-def _attention_page(layer: AttentionLayer, kv_dtype: str, model_dtype: str, block_size: int) -> Page:
+def _attention_page(layer: AttentionLayer, kv_dtype: str, model_dtype: str, block_size: int,
+                    platform: str = "cpu") -> Page:
     if kv_dtype in MLA_TOKEN_BYTES:
         if layer.kind != MLA:
             raise ConfigError([f"--kv-dtype {kv_dtype}: an MLA-only format, and this model's attention is not MLA"])
         per_token = MLA_TOKEN_BYTES[kv_dtype]
     else:
-        per_token = layer.elements_per_token() * kv_element_bytes(kv_dtype, model_dtype)
+        per_token = layer.num_kv_heads * kv_head_bytes(kv_dtype, model_dtype, layer.head_dim, layer.head_dim_v,
+                                                        platform)
     return Page(layer.kind, per_token * block_size, per_token * block_size, block_size, layer.window,
                 per_token=per_token)
 
@@ -239,9 +252,15 @@ def plan(model: ModelShape, kv_dtype: str, max_model_len: int, settings: Setting
     """Predict what vLLM allocates for `model` with --kv-cache-dtype `kv_dtype`."""
     if max_model_len <= 0:
         raise ConfigError([f"--max-model-len: must be positive, got {max_model_len}"])
+    if settings.platform == "cuda" and any(isinstance(la, StateLayer) for la in model.layers):
+        # Measured on an H200 (tests/fixtures/vllm-gpu-h200, needle-hybrid at 512 tokens): 192,768 tokens
+        # where the CPU build's alignment, which this models, gives 80,659. A wrong number is worse than none.
+        raise NotModelled(["a hybrid (Mamba/GDN state) model on cuda: the GPU build aligns its blocks and state pages "
+                           "differently (block size 16, its Mamba backend's page), which memmap does not model"])
     conv_dtype, ssm_dtype = state_dtypes(model, settings)
     pages = [
-        _attention_page(la, kv_dtype, model.dtype, settings.block_size) if isinstance(la, AttentionLayer)
+        _attention_page(la, kv_dtype, model.dtype, settings.block_size, settings.platform)
+        if isinstance(la, AttentionLayer)
         else _state_page(la, conv_dtype, ssm_dtype)
         for la in model.layers
     ]

@@ -54,7 +54,11 @@ def _settings(inv: Inventory, ref: Inventory) -> Settings | None:
     # The weights' dtype as served ("torch.float32"), which "auto" KV takes; only /server_info shows it.
     info = inv.server_info or ref.server_info or {}
     served = str(info.get("vllm_config.model_config.dtype") or "").removeprefix("torch.")
+    # The byte layout of the platform the server runs on (a GPU's per-token-head formats carry scales);
+    # a server that does not say is taken as the CPU build, and its row shows predicted beside measured.
+    device = (inv.platform or ref.platform).device if (inv.platform or ref.platform) else None
     return Settings(
+        platform="cuda" if device == "cuda" else "cpu",
         model_dtype=served if served in STATE_DTYPE_BYTES else None,
         kv_memory_bytes=memory,
         mamba_cache_dtype=label("mamba_cache_dtype", MAMBA_DTYPES, "auto"),
@@ -90,7 +94,7 @@ def memory_map_summary(config_path: str, reference: str, inventories: dict[str, 
     A config memmap cannot read is bad input: the result carries `error` and the caller stops.
     A setting memmap has no byte model for is a limit, not an error: that server is left unpredicted.
     """
-    from kvprobe.errors import ConfigError
+    from kvprobe.errors import ConfigError, NotModelled
     from kvprobe.memmap import build, lever
     from kvprobe.memmap.dtypes import KV_DTYPES
 
@@ -105,6 +109,8 @@ def memory_map_summary(config_path: str, reference: str, inventories: dict[str, 
     where = f"servers.toml model_config {config_path}"
     try:
         mm = build(config_path, dtypes, ref.max_model_len, settings)
+    except NotModelled as exc:
+        return {"config": config_path, "skipped": "; ".join(exc.problems)}
     except ConfigError as exc:
         return {"config": config_path, "error": f"{where}: {'; '.join(exc.problems)}"}
     lv = lever(mm)

@@ -23,7 +23,7 @@ def test_json_is_exactly_the_issue_shape() -> None:
     code, out, _ = run(str(HYBRID), "--max-model-len", "512", "--json")
     assert code == 0
     data = json.loads(out)
-    assert list(data) == ["dtypes", "lever"]
+    assert list(data) == ["platform", "dtypes", "lever"] and data["platform"] == "cpu"
     assert list(data["dtypes"]) == ["auto", "fp8"]
     for row in data["dtypes"].values():
         assert set(row) == {"kv_cache_tokens", "max_concurrency", "ratio", "bytes_per_sequence"}
@@ -49,6 +49,8 @@ def test_json_writes_no_chart_unless_asked(tmp_path: Path, monkeypatch: pytest.M
 def test_table_conclusion_and_chart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     code, out, err = run(str(HYBRID), "--max-model-len", "512")
+    assert code == 0 and list(tmp_path.iterdir()) == []  # no chart unless told where
+    code, out, err = run(str(HYBRID), "--max-model-len", "512", "--chart", "memmap.png")
     assert code == 0
     assert "80,659" in out and "157.54x" in out
     assert "Mamba2 state" in out and "MLP (no KV)" in out
@@ -87,13 +89,13 @@ def test_table_prints_the_grid_and_the_lever(tmp_path: Path, monkeypatch: pytest
     assert "With prefix caching off (`--no-enable-prefix-caching`, mamba_cache_mode none)" in flat
     grid = tmp_path / "grid.png"
     assert grid.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and grid.stat().st_size > 10_000
-    assert "chart: memmap.png" in err and "lever chart: grid.png" in err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["grid.png", "memmap.png"]
+    assert "lever chart: grid.png" in err and "chart: memmap.png" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["grid.png"]
 
 
 def test_a_dense_model_has_no_grid_and_no_lever_chart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    code, out, err = run(str(LLAMA), "--max-model-len", "8192")
+    code, out, err = run(str(LLAMA), "--max-model-len", "8192", "--chart", "memmap.png")
     assert code == 0
     assert "mamba-ssm-cache-dtype" not in out and "lever:" not in out
     assert "lever chart" not in err
