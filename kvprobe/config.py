@@ -67,6 +67,10 @@ class Server(_Strict):
     model: str | None = Field(None, description="model id to request; default: the first of /v1/models")
     tokenizer: str | None = Field(None, description="local tokenizer path for a server without /tokenizer_info "
                                                     "(default: its /v1/models root, when on this disk)")
+    attention_backend: str | None = Field(
+        None, min_length=1, max_length=80,
+        description="the attention backend the server's log says it uses (\"Using FLASH_ATTN attention backend\"): "
+                    "vLLM does not expose the one it resolves")
 
     @field_validator("url")
     @classmethod

@@ -260,6 +260,7 @@ async def run_eval(
             inventories = await take_inventories(
                 list(clients.values()),
                 roles={s.name: s.role for s in config.servers},
+                backends={s.name: s.attention_backend for s in config.servers},
                 smoke_fraction=config.smoke.prompt_fraction,
                 smoke_max_tokens=config.smoke.max_tokens,
             )

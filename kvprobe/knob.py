@@ -30,21 +30,38 @@ FOLLOWING = frozenset({
 # knob the SSM label follows too: the labels cannot tell "auto" from an explicit equal value.
 _ALSO_FOLLOWING = {"mamba_cache_dtype": frozenset({"mamba_ssm_cache_dtype"})}
 
+# Mamba-state settings vLLM keeps outside CacheConfig (MambaConfig, vllm/config/mamba.py): no
+# cache_config_info label carries them, only /server_info's vllm_config (dev mode). Quantized Nemotron-3
+# hybrids rely on stochastic rounding for correctness (vllm#48018), so they are knobs a comparison can test.
+ENGINE = {
+    "enable_mamba_cache_stochastic_rounding": "vllm_config.mamba_config.enable_stochastic_rounding",
+    "mamba_cache_philox_rounds": "vllm_config.mamba_config.stochastic_rounding_philox_rounds",
+    "mamba_backend": "vllm_config.mamba_config.backend",
+}
+ENGINE_FLAGS = {knob: "--" + knob.replace("_", "-") for knob in ENGINE}
+
 FLAGS = {"cache_dtype": "--kv-cache-dtype", "mamba_ssm_cache_dtype": "--mamba-ssm-cache-dtype",
          "mamba_cache_dtype": "--mamba-cache-dtype"}
 
 
 def label_of(knob: str) -> str:
-    """The cache_config_info label that carries `knob`."""
-    return KNOWN.get(knob, knob)
+    """The cache_config_info label that carries `knob` (for an ENGINE knob, its /server_info key)."""
+    return ENGINE.get(knob) or KNOWN.get(knob, knob)
+
+
+def engine_key(knob: str) -> str | None:
+    """The /server_info key of a MambaConfig knob; None for a cache_config_info knob."""
+    return ENGINE.get(knob)
 
 
 def free_labels(knob: str) -> frozenset[str]:
     """The cache_config_info labels allowed to differ when `knob` is under test."""
+    if knob in ENGINE:
+        return FOLLOWING
     return FOLLOWING | {label_of(knob)} | _ALSO_FOLLOWING.get(knob, frozenset())
 
 
 def flag(knob: str) -> str:
     """How an operator sets it: the vLLM flag when known, else the label's name."""
-    return FLAGS.get(label_of(knob), knob)
+    return ENGINE_FLAGS.get(knob) or FLAGS.get(label_of(knob), knob)
 

@@ -44,6 +44,10 @@ class PinCheck:
     knob: str = knobs.DEFAULT
     # Each server's value of the knob, from its own cache_config_info (None: the label is not there).
     knob_values: dict[str, Any] = field(default_factory=dict)
+    # Each server's attention backend as "FLASH_ATTN (declared)", or NOT_EXPOSED: never assumed the same.
+    # Not a difference: a KV dtype picks its backend (FlashAttention takes no per-token-head formats), so
+    # the comparison measures dtype and backend together, and the operator should see both.
+    attention_backends: dict[str, str] = field(default_factory=dict)
 
     def candidate_valid(self, name: str) -> bool:
         return not self.differences.get(name)
@@ -61,6 +65,7 @@ class PinCheck:
             "knob": self.knob,
             "knob_label": knobs.label_of(self.knob),
             "knob_values": self.knob_values,
+            "attention_backends": self.attention_backends,
         }
 
 
@@ -85,8 +90,8 @@ _ENGINE_COVERED = frozenset({
 _LOCAL_ENV_SUFFIXES = ("_ROOT", "_CACHE", "_CACHE_PATH", "_DIR", "_PATH", "_IP", "_HOST", "_PORT", "_BUFFER_NAME")
 
 
-def _engine_key_allowed(key: str, free: frozenset[str]) -> bool:
-    if key in _ENGINE_VOLATILE or key in _ENGINE_COVERED:
+def _engine_key_allowed(key: str, free: frozenset[str], knob_key: str | None = None) -> bool:
+    if key in _ENGINE_VOLATILE or key in _ENGINE_COVERED or key == knob_key:
         return True
     if key.startswith("vllm_env.") and key.endswith(_LOCAL_ENV_SUFFIXES):
         return True
@@ -102,7 +107,7 @@ def _fingerprint_build(fp: str | None) -> str | None:
     return head or fp
 
 
-def _facts(inv: Inventory, free: frozenset[str]) -> dict[str, Any]:
+def _facts(inv: Inventory, free: frozenset[str], knob_key: str | None = None) -> dict[str, Any]:
     facts: dict[str, Any] = {
         "version": inv.version,
         "model_root": inv.model_root,
@@ -118,7 +123,7 @@ def _facts(inv: Inventory, free: frozenset[str]) -> dict[str, Any]:
         # A cache setting /metrics already shows is compared there: one difference, named once.
         if key.startswith("vllm_config.cache_config.") and key.rpartition(".")[2] in labels:
             continue
-        if not _engine_key_allowed(key, free):
+        if not _engine_key_allowed(key, free, knob_key):
             facts[f"server_info.{key}"] = value
     if inv.platform is not None:
         facts.update(platform_facts(inv.platform))
@@ -148,6 +153,14 @@ def _comparable(key: str, reference: Inventory, cand: Inventory, ref: dict[str, 
 
 def _knob_value(inv: Inventory, knob: str, unchecked: list[str]) -> Any:
     """The server's own value of the knob; a missing label is said, not guessed."""
+    if (key := knobs.engine_key(knob)) is not None:
+        if inv.server_info is None:
+            unchecked.append(f"{inv.name}: its {knob} is not exposed (MambaConfig is only in /server_info, which "
+                             "needs VLLM_SERVER_DEV_MODE=1)")
+            return None
+        if key not in inv.server_info:
+            unchecked.append(f"{inv.name}: no {key} in its /server_info, so its {knob} is not known")
+        return inv.server_info.get(key)
     label = knobs.label_of(knob)
     value = (inv.cache_config or {}).get(label)
     if value is None and inv.cache_config is not None:
@@ -155,18 +168,32 @@ def _knob_value(inv: Inventory, knob: str, unchecked: list[str]) -> Any:
     return value
 
 
+NOT_EXPOSED = "not exposed"
+
+
+def backend_text(inv: Inventory) -> str:
+    if not inv.attention_backend:
+        return NOT_EXPOSED
+    return f"{inv.attention_backend} ({inv.attention_backend_source})"
+
+
+def _hybrid(inv: Inventory) -> bool:
+    """A model with Mamba state: its cache_config_info reports a Mamba block (dense models report none)."""
+    return (inv.cache_config or {}).get("mamba_block_size") not in (None, "None", "")
+
+
 def check_pin(reference: Inventory, candidates: list[Inventory], knob: str = knobs.DEFAULT) -> PinCheck:
     """Compare each reachable candidate with the reference on every setting except `knob` and the labels
     that follow from it."""
-    free = knobs.free_labels(knob)
+    free, knob_key = knobs.free_labels(knob), knobs.engine_key(knob)
     result = PinCheck(valid=True, knob=knob)
     result.knob_values[reference.name] = _knob_value(reference, knob, result.unchecked)
-    ref = _facts(reference, free)
+    ref = _facts(reference, free, knob_key)
     for cand in candidates:
         if cand.status in NOT_TAKEN:
             result.unchecked.append(f"{cand.name}: not inventoried ({cand.status}), not compared")
             continue
-        facts = _facts(cand, free)
+        facts = _facts(cand, free, knob_key)
         result.knob_values[cand.name] = _knob_value(cand, knob, result.unchecked)
         diffs = []
         for key in sorted(set(ref) | set(facts)):
@@ -175,11 +202,14 @@ def check_pin(reference: Inventory, candidates: list[Inventory], knob: str = kno
         result.differences[cand.name] = diffs
         for inv in (reference, cand):
             result.platforms[inv.name] = inv.platform
+            result.attention_backends[inv.name] = backend_text(inv)
             if inv.cache_config is None:
                 result.unchecked.append(f"{inv.name}: no vllm:cache_config_info, cache settings not compared")
             if inv.server_info is None:
                 result.unchecked.append(f"{inv.name}: no /server_info (VLLM_SERVER_DEV_MODE=1 shows it), "
-                                        "engine settings beyond /metrics not compared")
+                                        "engine settings beyond /metrics not compared"
+                                        + (" (MambaConfig: mamba backend, stochastic rounding: not exposed)"
+                                           if _hybrid(inv) else ""))
             elif inv.platform is None:
                 result.unchecked.append(f"{inv.name}: no platform facts, CPU and GPU platform not compared")
     result.unchecked = sorted(set(result.unchecked))

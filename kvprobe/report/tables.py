@@ -95,6 +95,12 @@ def servers_table(v: dict[str, Any]) -> TableData:
         values = ", ".join(f"{n}={knob_value(v, n)}" for n in v["order"])
         t.note = ("One-knob check: " + (f"valid: the servers differ only in {knob_of(v)} ({values})"
                                          if pin.get("valid") else "INVALID: " + "; ".join(diffs)))
+        backends = pin.get("attention_backends") or {}  # absent in older verdicts
+        if backends:
+            t.note += ". Attention backend: " + ", ".join(f"{n} {backends.get(n, '-')}" for n in v["order"])
+            if "not exposed" in backends.values():
+                t.note += (" (vLLM logs the backend it resolves but does not serve it: declare attention_backend "
+                           "per server in servers.toml)")
     return t
 
 
