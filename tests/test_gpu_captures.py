@@ -161,6 +161,25 @@ def test_memmap_predicts_each_platform() -> None:
     assert sum(nvfp4.attention_bytes_per_token.values()) == 4 * 2 * 2 * (32 + 4)
 
 
+# vLLM's CacheDType choices (vllm/config/cache.py), as the interface reference lists them.
+VLLM_KV_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "turboquant_k8v4",
+                  "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "octave_k3v4", "octave_k3v3",
+                  "octave_k3v3_compact", "ultraquant_4bit", "int4_per_token_head", "int8_per_token_head",
+                  "fp8_per_token_head", "nvfp4", "nvfp4_4over6")
+
+
+@pytest.mark.parametrize("dtype", VLLM_KV_DTYPES)
+def test_every_vllm_kv_dtype_is_sized_on_cuda_or_refused_with_its_reason(dtype: str) -> None:
+    from kvprobe.errors import NotModelled
+
+    try:
+        plan = build(NEEDLE_CONFIG, ["auto", dtype], 8192, Settings(platform="cuda")).plans[dtype]
+    except NotModelled as exc:
+        assert f"--kv-dtype {dtype} on cuda: no byte model (" in exc.problems[0]
+    else:
+        assert 0 < plan.kv_cache_tokens <= 4 * TOKENS["auto"]
+
+
 def test_memmap_refuses_what_it_has_no_gpu_model_for() -> None:
     from kvprobe.errors import ConfigError
 

@@ -30,7 +30,7 @@ _AT_MODEL_DTYPE = ("auto", "turboquant_k8v4")
 # (vLLM MLAAttention.get_kv_cache_spec: state_content_bytes).
 MLA_TOKEN_BYTES = {"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}
 
-KV_DTYPES = (*_AT_MODEL_DTYPE, *_KV_ELEMENT_BYTES, *MLA_TOKEN_BYTES)
+KV_DTYPES = (*_AT_MODEL_DTYPE, *_KV_ELEMENT_BYTES, *MLA_TOKEN_BYTES, "int4_per_token_head")
 
 PLATFORMS = ("cpu", "cuda")
 # tokens per block when --block-size is not given: the CPU build's, and vLLM's GPU default
@@ -48,8 +48,8 @@ _CUDA_UNMODELLED = {
     "nvfp4_4over6": "its packed layout is not in vLLM's AttentionSpec",
     "ultraquant_4bit": "its packed layout is not in vLLM's AttentionSpec",
     "fp8_inc": "a Gaudi (HPU) format, not a CUDA one",
+    "octave_k3v4": "a ROCm format", "octave_k3v3": "a ROCm format", "octave_k3v3_compact": "a ROCm format",
 }
-KNOWN_KV_DTYPES = (*KV_DTYPES, "int4_per_token_head", *(d for d in _CUDA_UNMODELLED if d not in KV_DTYPES))
 
 
 def check_platform(platform: str) -> str:
