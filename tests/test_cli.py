@@ -13,6 +13,7 @@ from replay import MultiReplay, Replay, capture, dev_server_info
 from rich.console import Console
 
 from kvprobe import cli
+from kvprobe.cli import audit as audit_cli
 from kvprobe.client import Client
 from kvprobe.inventory import take_inventories
 from kvprobe.report.terminal import audit_table
@@ -33,7 +34,7 @@ def replayed(monkeypatch: pytest.MonkeyPatch) -> None:
     def client(name: str, url: str, **kw: Any) -> Client:
         return Client(name, url, transport=multi.transport(), backoff_s=0, **kw)
 
-    monkeypatch.setattr(cli, "Client", client)
+    monkeypatch.setattr(audit_cli, "Client", client)
 
 
 def test_audit_json_has_a_platform_or_says_it_is_not_exposed(replayed: None) -> None:
@@ -69,7 +70,7 @@ def garbled(monkeypatch: pytest.MonkeyPatch) -> Replay:
     """One replayed server (auto-8101) whose routes a test garbles."""
     replay = Replay("auto-8101")
     multi = MultiReplay({"127.0.0.1:8101": replay})
-    monkeypatch.setattr(cli, "Client", lambda name, url, **kw: Client(name, url, transport=multi.transport(),
+    monkeypatch.setattr(audit_cli, "Client", lambda name, url, **kw: Client(name, url, transport=multi.transport(),
                                                                      backoff_s=0, **kw))
     return replay
 

@@ -7,6 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from kvprobe import cli, evaluation
+from kvprobe.cli import audit as audit_cli
 from kvprobe.errors import MetricsError
 
 SERVERS_TOML = """
@@ -62,7 +63,7 @@ def test_a_bug_outside_a_run_goes_to_the_cache_dir(tmp_path, monkeypatch) -> Non
     def boom(*args, **kw):
         raise ZeroDivisionError("division by zero")
 
-    monkeypatch.setattr(cli, "take_inventories", boom)
+    monkeypatch.setattr(audit_cli, "take_inventories", boom)
     result = CliRunner().invoke(cli.main, ["audit", "http://127.0.0.1:8101"])
     assert result.exit_code == 70
     (line,) = result.stderr.splitlines()
@@ -75,7 +76,7 @@ def test_kvprobe_errors_keep_their_code_and_ctrl_c_keeps_130(tmp_path, monkeypat
     def metrics_error(*args, **kw):
         raise MetricsError("/metrics is not valid Prometheus text: x")
 
-    monkeypatch.setattr(cli, "take_inventories", metrics_error)
+    monkeypatch.setattr(audit_cli, "take_inventories", metrics_error)
     result = CliRunner().invoke(cli.main, ["audit", "http://127.0.0.1:8101"])
     assert result.exit_code == 2 and result.stderr.strip() == "error: /metrics is not valid Prometheus text: x"
 
@@ -85,7 +86,7 @@ def test_kvprobe_errors_keep_their_code_and_ctrl_c_keeps_130(tmp_path, monkeypat
     def interrupted(*args, **kw):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "take_inventories", interrupted)
+    monkeypatch.setattr(audit_cli, "take_inventories", interrupted)
     result = CliRunner().invoke(cli.main, ["audit", "http://127.0.0.1:8101"])
     assert result.exit_code == 130 and result.stderr.strip() == "interrupted"
 

@@ -258,7 +258,7 @@ def test_a_real_tiny_filesystem(tmp_path, clean) -> None:
               shlex.quote(str(tmp_path / "servers.toml")), shlex.quote(str(disk / "run"))]
     script = (f"mount -t tmpfs -o size=192k tmpfs {shlex.quote(str(disk))} && {' '.join(helper)} fresh && "
               f"mount -o remount,size=16m {shlex.quote(str(disk))} && {' '.join(helper)} resume")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(cli.__file__).parents[1]),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(cli.__file__).parents[2]),
                                                         os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, env=env,
                           timeout=300)

@@ -21,6 +21,7 @@ from replay_gpu import DENSE, HYBRID, PORTS, GpuReplay, gpu_server_info, gpu_ser
 from rich.console import Console
 
 from kvprobe import cli
+from kvprobe.cli import audit as audit_cli
 from kvprobe.client import Client
 from kvprobe.config import parse_config
 from kvprobe.evaluation import run_eval
@@ -234,7 +235,7 @@ async def test_eval_leaves_a_gpu_hybrid_unpredicted_rather_than_wrong(tmp_path: 
 
 def test_audit_shows_compiled_for_beside_run_on(monkeypatch: pytest.MonkeyPatch) -> None:
     multi = gpu_servers()
-    monkeypatch.setattr(cli, "Client", lambda name, u, **kw: Client(name, u, transport=multi.transport(),
+    monkeypatch.setattr(audit_cli, "Client", lambda name, u, **kw: Client(name, u, transport=multi.transport(),
                                                                    backoff_s=0, **kw))
     result = CliRunner().invoke(cli.main, ["audit", "--json", *(url(n) for n in DENSE)], catch_exceptions=False)
     assert result.exit_code == 0, result.output

@@ -1,0 +1,5 @@
+"""`python -m kvprobe.cli`."""
+
+from kvprobe.cli import main
+
+main()

@@ -1,0 +1,182 @@
+"""What the commands share: the consoles, one-line failures (and the CI files they still write), and
+running an evaluation into a run directory."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+
+from kvprobe.config import load_config
+from kvprobe.crash import note_run, note_secrets
+from kvprobe.disk import DiskError
+from kvprobe.errors import (
+    EXIT_CANNOT_RUN,
+    EXIT_INTERRUPTED,
+    ConfigError,
+    KvprobeError,
+)
+from kvprobe.report.ci import CiOutputs
+from kvprobe.report.terminal import capacity_table
+from kvprobe.store import RunDir
+
+err_console = Console(stderr=True)
+# Tables wider than 80 columns stay readable when stdout is a pipe or a CI log.
+out_console = Console(width=None if sys.stdout.isatty() else 160)
+
+
+# The CI files (--junit, --summary) of the command running, so a run that fails early still writes them.
+_ci: CiOutputs | None = None
+
+
+def set_ci(outputs: CiOutputs | None) -> None:
+    global _ci
+    _ci = outputs
+
+
+def _fail(lines: list[str], code: int = EXIT_CANNOT_RUN) -> None:
+    global _ci
+    for line in lines:
+        err_console.print(f"[bold red]error:[/bold red] {escape(line)}", highlight=False, soft_wrap=True)
+    if _ci is not None:
+        ci, _ci = _ci, None  # once: a failure to write them must not loop back here
+        try:
+            ci.write(None, None, exit_code=code, notes=lines)
+        except KvprobeError as exc:
+            err_console.print(f"[bold red]error:[/bold red] {escape(str(exc))}", highlight=False, soft_wrap=True)
+    sys.exit(code)
+
+
+def _write_ci(run: RunDir, verdict: dict | None, code: int, notes: list[str] | None = None) -> None:
+    global _ci
+    if _ci is None:
+        return
+    from kvprobe.report.write import signature_info
+
+    ci, _ci = _ci, None
+    try:
+        for path in ci.write(verdict, run.path, signature_info(run), code, notes):
+            err_console.print(f"wrote {path}", highlight=False, soft_wrap=True)
+    except KvprobeError as exc:
+        _fail([str(exc)])
+
+
+JUNIT_HELP = "write the verdict as JUnit XML here (one testsuite per candidate, one testcase per bar)"
+SUMMARY_HELP = "append a Markdown summary here (default: $GITHUB_STEP_SUMMARY when it is set)"
+
+
+PROBES_HELP = ("comma-separated probes: capacity,perplexity,agreement,needle,load (the default), tasks "
+               "(lm-eval task accuracy; on by default when servers.toml has [tasks]) and the opt-in fill "
+               "(serves each server's whole claimed KV pool)")
+
+
+def _signing_key(key: Path | None):  # -> SigningKey
+    from kvprobe.sign import default_allowed_signers, load_signing_key
+
+    signing_key = load_signing_key(key)
+    if signing_key.created:
+        err_console.print(f"created a signing key at [bold]{signing_key.source}[/bold] (0600, "
+                          f"{signing_key.fingerprint}); its public key is listed in {default_allowed_signers()}",
+                          highlight=False, soft_wrap=True)
+    return signing_key
+
+
+def _open_run(out: Path | None, resume: Path | None, config, probes: str | None) -> tuple[RunDir, list[str]]:
+    from kvprobe.evaluation import available_probes, check_resume
+
+    if out is not None and resume is not None:
+        raise ConfigError(["--out and --resume: give one (--resume reopens an existing run directory)"])
+    if resume is not None:
+        run = RunDir.open(resume)
+        recorded = check_resume(config, run).get("probes") or available_probes(config)
+        return run, [p.strip() for p in probes.split(",") if p.strip()] if probes else list(recorded)
+    chosen = [p.strip() for p in probes.split(",") if p.strip()] if probes else available_probes(config)
+    return RunDir.create(out), chosen
+
+
+def _report(run: RunDir, verdict: dict) -> None:
+    """Render report.md/report.html and print the decisions and where everything is."""
+    from kvprobe.report.terminal import verdict_tables
+    from kvprobe.report.write import render_reports
+
+    rendered = render_reports(run, verdict)
+    for table in verdict_tables(verdict):
+        out_console.print(table)
+    sig = rendered.signature
+    rec = verdict["recommendation"]
+    out_console.print(f"[bold]recommendation: {rec['server']}[/bold] — {rec['reason']}", highlight=False)
+    for name, d in verdict["decisions"].items():
+        out_console.print(f"  {name}: [bold]{d['decision']}[/bold]", highlight=False)
+    signed = f"signed by {sig['fingerprint']}" if sig else "not signed"
+    # soft_wrap: paths stay on one line, for copy and paste
+    err_console.print(f"verdict: {run.path / 'verdict.json'} ({signed})", highlight=False, soft_wrap=True)
+    err_console.print(f"report: [bold]{rendered.html}[/bold] and {rendered.markdown}", highlight=False,
+                      soft_wrap=True)
+
+
+def finish_command(run: RunDir, servers_file: Path | None) -> str:
+    """How to finish the run: the exact command, ready to paste."""
+    if servers_file is None:  # a canary's settings are its own: `eval --resume` would refuse them
+        return "run the canary again to finish"
+    command = ["kvprobe", "eval", "--servers", str(servers_file)]
+    if not run.has("run.json"):  # stopped before the run was recorded: nothing to resume
+        return f"start it again with `{shlex.join([*command, '--out', str(run.path)])}`"
+    return f"finish it with `{shlex.join([*command, '--resume', str(run.path)])}`"
+
+
+def resume_hint(run: RunDir, servers_file: Path | None) -> str:
+    """What to do after Ctrl-C."""
+    return f"everything measured is in {run.path}; {finish_command(run, servers_file)}"
+
+
+def _run(config, run: RunDir, probe_list: list[str], key: Path | None, resume: bool,
+         left_out: list[dict[str, str]] | None = None, servers_file: Path | None = None,
+         deadline: float | None = None):  # -> EvalOutcome
+    from kvprobe.evaluation import run_eval_sync
+
+    note_run(run.path)
+    signing_key = _signing_key(key)
+    err_console.print(f"run directory: [bold]{escape(str(run.path))}[/bold]" + (" (resumed)" if resume else ""),
+                      soft_wrap=True)  # one line, for copy and paste
+    try:
+        outcome = run_eval_sync(config, run, probe_list, err_console, signing_key=signing_key, resume=resume,
+                                left_out=left_out, deadline=deadline, advise=servers_file is not None)
+        verdict = outcome.ctx.results.get("verdict")
+        if verdict is not None:
+            _report(run, verdict)
+    except KeyboardInterrupt:
+        # escaped: a path with [brackets] is text, not rich markup
+        err_console.print("[yellow]interrupted:[/yellow] " + escape(resume_hint(run, servers_file)),
+                          highlight=False, soft_wrap=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except DiskError as exc:  # what was appended before is whole on disk: resuming repeats none of it
+        _fail([f"{exc}: free space and {finish_command(run, servers_file)}"], exc.exit_code)
+    except KvprobeError as exc:
+        _fail([str(exc)], exc.exit_code)
+    if verdict is None and "capacity" in outcome.ctx.results:
+        out_console.print(capacity_table(outcome.ctx.results["capacity"]))
+    for line in outcome.messages:
+        err_console.print(f"[bold red]error:[/bold red] {escape(line)}", highlight=False, soft_wrap=True)
+    return outcome
+
+
+def _evaluate(config_path: Path, out: Path | None, probes: str | None, resume: Path | None = None,
+              key: Path | None = None, left_out: list[dict[str, str]] | None = None) -> None:
+    try:
+        config = load_config(config_path)
+        note_secrets([server.api_key_env for server in config.servers])
+        run, probe_list = _open_run(out, resume, config, probes)
+    except ConfigError as exc:
+        _fail(exc.problems)
+    try:
+        outcome = _run(config, run, probe_list, key, resume is not None, left_out, config_path)
+    except ConfigError as exc:
+        _fail(exc.problems)
+    _write_ci(run, outcome.ctx.results.get("verdict"), outcome.exit_code, outcome.messages)
+    err_console.print(f"results in [bold]{run.path}[/bold]")
+    sys.exit(outcome.exit_code)
+
+
