@@ -3,6 +3,7 @@ running an evaluation into a run directory."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -25,7 +26,24 @@ from kvprobe.store import RunDir
 
 err_console = Console(stderr=True)
 # Tables wider than 80 columns stay readable when stdout is a pipe or a CI log.
-out_console = Console(width=None if sys.stdout.isatty() else 160)
+out_console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 120)
+
+# How much a command prints of its results: "summary" (default: a few lines per candidate), "verbose" (the
+# full tables once, then the summary) or "quiet" (the decision lines only; the exit code says the rest).
+VIEWS = ("summary", "verbose", "quiet")
+view = "summary"
+
+
+def set_view(verbose: bool, quiet: bool) -> None:
+    global view
+    if verbose and quiet:
+        _fail(["--verbose and --quiet: give one"])
+    view = "verbose" if verbose else "quiet" if quiet else "summary"
+
+
+def run_console() -> Console:
+    """What a run prints as it goes (progress, a line per probe): nothing with --quiet."""
+    return Console(stderr=True, quiet=True) if view == "quiet" else err_console
 
 
 # The CI files (--junit, --summary) of the command running, so a run that fails early still writes them.
@@ -98,18 +116,21 @@ def _open_run(out: Path | None, resume: Path | None, config, probes: str | None)
 
 
 def _report(run: RunDir, verdict: dict) -> None:
-    """Render report.md/report.html and print the decisions and where everything is."""
+    """Render report.md/report.html and print the answer (as `view` says) and where everything is."""
+    from kvprobe.report.summary import decision_lines, print_summary
     from kvprobe.report.terminal import verdict_tables
     from kvprobe.report.write import render_reports
 
     rendered = render_reports(run, verdict)
-    for table in verdict_tables(verdict):
-        out_console.print(table)
+    if view == "quiet":
+        for line in decision_lines(verdict):
+            out_console.print(line, highlight=False, markup=False)
+        return
+    if view == "verbose":
+        for table in verdict_tables(verdict):
+            out_console.print(table)
+    print_summary(out_console, verdict)
     sig = rendered.signature
-    rec = verdict["recommendation"]
-    out_console.print(f"[bold]recommendation: {rec['server']}[/bold] — {rec['reason']}", highlight=False)
-    for name, d in verdict["decisions"].items():
-        out_console.print(f"  {name}: [bold]{d['decision']}[/bold]", highlight=False)
     signed = f"signed by {sig['fingerprint']}" if sig else "not signed"
     # soft_wrap: paths stay on one line, for copy and paste
     err_console.print(f"verdict: {run.path / 'verdict.json'} ({signed})", highlight=False, soft_wrap=True)
@@ -142,7 +163,7 @@ def _run(config, run: RunDir, probe_list: list[str], key: Path | None, resume: b
     err_console.print(f"run directory: [bold]{escape(str(run.path))}[/bold]" + (" (resumed)" if resume else ""),
                       soft_wrap=True)  # one line, for copy and paste
     try:
-        outcome = run_eval_sync(config, run, probe_list, err_console, signing_key=signing_key, resume=resume,
+        outcome = run_eval_sync(config, run, probe_list, run_console(), signing_key=signing_key, resume=resume,
                                 left_out=left_out, deadline=deadline, advise=servers_file is not None)
         verdict = outcome.ctx.results.get("verdict")
         if verdict is not None:

@@ -17,6 +17,7 @@ from kvprobe.cli._common import (
     err_console,
     out_console,
     set_ci,
+    set_view,
 )
 from kvprobe.config import load_config
 from kvprobe.crash import note_secrets
@@ -43,9 +44,11 @@ from kvprobe.store import RunDir
               "from the first-prefill smoke's speed, and what does not fit is not measured (and said)")
 @click.option("--advisory-speed", is_flag=True, help="report speed but never let it change a decision or the "
               "exit code (a staging box too noisy or too shared to gate on)")
+@click.option("--verbose", "-v", is_flag=True, help="also print the full tables (each once)")
+@click.option("--quiet", "-q", is_flag=True, help="print only the decision lines; the exit code says the rest")
 def canary_cmd(servers_file: Path, baseline: Path | None, allowed_signers: Path | None, out: Path | None,
                key: Path | None, junit: Path | None, summary: Path | None, budget: str | None,
-               advisory_speed: bool = False) -> None:
+               advisory_speed: bool = False, verbose: bool = False, quiet: bool = False) -> None:
     """A fast subset for a staging pipeline: smoke, capacity, short perplexity, a few needles, a short
     load case. Exit 0 pass, 1 a bar fails (or drift beyond a bar from --baseline), 2 cannot run,
     3 invalid, 4 broken."""
@@ -53,6 +56,7 @@ def canary_cmd(servers_file: Path, baseline: Path | None, allowed_signers: Path 
     from kvprobe.canary import canary_config, canary_probes, compare_with_baseline, drift_table
 
     started = time.monotonic()
+    set_view(verbose, quiet)
     set_ci(CiOutputs.from_options(junit, summary))
     try:
         budget_s = parse_budget(budget) if budget else None

@@ -15,6 +15,7 @@ from kvprobe.cli._common import (
     _run,
     err_console,
     out_console,
+    set_view,
 )
 from kvprobe.config import load_config
 from kvprobe.errors import (
@@ -29,13 +30,17 @@ from kvprobe.errors import (
 @click.option("--key", type=click.Path(path_type=Path), default=None, help="signing key, as for eval")
 @click.option("--hybrid", is_flag=True, help="the attention-light hybrid instead (needle-hybrid): KV dtype frees "
               "nothing, the Mamba SSM state dtype is the lever, and how it breaks with vLLM's defaults")
-def demo(out: Path | None, probes: str | None, stop: bool, key: Path | None, hybrid: bool) -> None:
+@click.option("--verbose", "-v", is_flag=True, help="also print the full tables (each once)")
+@click.option("--quiet", "-q", is_flag=True, help="print only the decision lines; the exit code says the rest")
+def demo(out: Path | None, probes: str | None, stop: bool, key: Path | None, hybrid: bool,
+         verbose: bool = False, quiet: bool = False) -> None:
     """Start the demo trio this CPU can run (real local vLLM CPU servers serving needle-llama, only the
     KV dtype differs) and evaluate it. With AVX-512: auto, fp8, int8_per_token_head; on AVX2 only:
     auto and bfloat16 KV on float32 weights, and fp8, which the engine refuses to start there."""
     from kvprobe.demo import start_demo, write_servers_toml
     from kvprobe.servers import LaunchError, stop_all
 
+    set_view(verbose, quiet)
     if hybrid:
         _demo_hybrid(out, probes, key)
         return

@@ -12,6 +12,7 @@ from kvprobe.cli._common import (
     SUMMARY_HELP,
     _evaluate,
     set_ci,
+    set_view,
 )
 from kvprobe.report.ci import CiOutputs
 
@@ -29,12 +30,15 @@ from kvprobe.report.ci import CiOutputs
                    "kvprobe's own key in the config directory, created on first use)")
 @click.option("--junit", type=click.Path(path_type=Path), default=None, help=JUNIT_HELP)
 @click.option("--summary", type=click.Path(path_type=Path), default=None, help=SUMMARY_HELP)
+@click.option("--verbose", "-v", is_flag=True, help="also print the full tables (each once)")
+@click.option("--quiet", "-q", is_flag=True, help="print only the decision lines; the exit code says the rest")
 def eval_cmd(servers_file: Path, out: Path | None, resume: Path | None, probes: str | None, key: Path | None,
-             junit: Path | None, summary: Path | None) -> None:
+             junit: Path | None, summary: Path | None, verbose: bool = False, quiet: bool = False) -> None:
     """Measure every server in servers.toml against the reference; write, sign and report the verdict.
 
     Exit: 0 done (read the decisions), 1 no candidate adopted and one fails or does not pass a bar,
     2 cannot run, 3 invalid comparison, 4 a server is broken, 130 interrupted (resume it), 70 a bug
     in kvprobe (the traceback is in DIR/crash.txt)."""
+    set_view(verbose, quiet)
     set_ci(CiOutputs.from_options(junit, summary))
     _evaluate(servers_file, out, probes, resume, key)

@@ -11,6 +11,7 @@ from kvprobe.cli._common import (
     _fail,
     _report,
     err_console,
+    set_view,
 )
 from kvprobe.crash import note_run
 from kvprobe.disk import DiskError
@@ -22,13 +23,16 @@ from kvprobe.store import RunDir
 
 @click.command(name="report")
 @click.argument("run_dir", type=click.Path(path_type=Path))
-def report_cmd(run_dir: Path) -> None:
+@click.option("--verbose", "-v", is_flag=True, help="also print the full tables (each once)")
+@click.option("--quiet", "-q", is_flag=True, help="print only the decision lines; the exit code says the rest")
+def report_cmd(run_dir: Path, verbose: bool = False, quiet: bool = False) -> None:
     """Re-render a run directory's report (terminal, report.md, report.html) from what is on disk.
 
     Uses DIR/verdict.json when there is one; else decides from the measurements (unsigned, nothing
     written but the reports)."""
     from kvprobe.verdict import build_verdict
 
+    set_view(verbose, quiet)
     try:
         run = RunDir.open(run_dir)
     except ConfigError as exc:

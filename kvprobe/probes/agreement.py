@@ -185,8 +185,8 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
         summary[name] = entry
     ctx.run.write_json("agreement.json", summary)
     from kvprobe.checks import live_checks
-    from kvprobe.report.terminal import agreement_table, print_wide
+    from kvprobe.report.summary import print_probe
 
     checks = live_checks("agreement", summary, ctx.reference, list(summary), ctx.config.bars)
-    print_wide(ctx.console, agreement_table(summary, checks))
+    print_probe(ctx.console, "agreement", checks)
     return summary

@@ -42,7 +42,7 @@ from kvprobe.load.workload import (
     measure_chars_per_token,
     shapes_of,
 )
-from kvprobe.report.terminal import load_table, print_wide
+from kvprobe.report.summary import print_probe
 from kvprobe.sequential import of_settings, williams
 
 # What the speed design declares before the run (recorded in load.json and the verdict's evidence).
@@ -367,7 +367,7 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
     from kvprobe.checks import live_checks
 
     checks = live_checks("load", summary, ctx.reference, list(summary["servers"]), ctx.config.bars)
-    print_wide(ctx.console, load_table(summary, checks))
+    print_probe(ctx.console, "load", checks, summary)
     return summary
 
 

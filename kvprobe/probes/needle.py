@@ -24,7 +24,6 @@ from kvprobe.needle.scoring import score
 from kvprobe.needle.summary import paired, server_summary
 from kvprobe.needle.tokens import Encoder, ServerEncoder, load_tiktoken
 from kvprobe.report.heatmap import paired_heatmap, status_heatmap
-from kvprobe.report.terminal import needle_table
 from kvprobe.untrusted import Unreadable, optional_count
 
 EVENT = "needle_case"
@@ -202,9 +201,9 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
     summary = summarise(ctx, plan_id, meta)
     ctx.run.write_json("needle.json", summary)
     from kvprobe.checks import live_checks
-    from kvprobe.report.terminal import print_wide
+    from kvprobe.report.summary import print_probe
 
     checks = live_checks("needle", summary, ctx.reference, list(summary["servers"]), ctx.config.bars)
-    print_wide(ctx.console, needle_table(summary, checks))
+    print_probe(ctx.console, "needle", checks)
     return summary
 

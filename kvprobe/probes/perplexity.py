@@ -273,10 +273,10 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
             summary["servers"][name]["seconds"] = agg.get("seconds")
     ctx.run.write_json("perplexity.json", summary)
     from kvprobe.checks import live_checks
-    from kvprobe.report.terminal import perplexity_table, print_wide
+    from kvprobe.report.summary import print_probe
 
     checks = live_checks("perplexity", summary, ctx.reference, list(summary["servers"]), ctx.config.bars)
-    print_wide(ctx.console, perplexity_table(summary, checks))
+    print_probe(ctx.console, "perplexity", checks)
     return summary
 
 

@@ -163,10 +163,10 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
     summary["tasks_dir"] = str(tasks_dir)
     ctx.run.write_json("tasks.json", summary)
     from kvprobe.checks import live_checks
-    from kvprobe.report.terminal import print_wide, tasks_table
+    from kvprobe.report.summary import print_probe
 
     checks = live_checks("tasks", summary, ctx.reference, names, ctx.config.bars)
-    print_wide(ctx.console, tasks_table(summary, checks))
+    print_probe(ctx.console, "tasks", checks)
     return summary
 
 

@@ -10,7 +10,7 @@ from kvprobe.checks import live_checks
 from kvprobe.config import Bars
 from kvprobe.needle.summary import paired, server_summary
 from kvprobe.report.heatmap import paired_heatmap, paired_kind, status_heatmap
-from kvprobe.report.terminal import needle_table, print_wide
+from kvprobe.report.summary import print_probe
 from kvprobe.stats import mcnemar_p
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -86,7 +86,7 @@ def test_paired_kinds() -> None:
     assert paired_kind("hit", "hit") == "both_hit"
 
 
-def test_terminal_table_shows_both_needle_checks() -> None:
+def test_the_line_a_needle_run_ends_with_shows_both_checks() -> None:
     ref, cand = _rows("h" * 20), _rows("hh" + "m" * 14 + "tttt")
     cases = [{**c, "server": "auto"} for c in ref.values()] + \
         [{**c, "server": "int8_per_token_head"} for c in cand.values()]
@@ -100,12 +100,10 @@ def test_terminal_table_shows_both_needle_checks() -> None:
     bars = Bars(needle_recall_drop_max=0.0)
     checks = live_checks("needle", summary, "auto", list(summary["servers"]), bars)
     buf = io.StringIO()
-    print_wide(Console(file=buf, width=80), needle_table(summary, checks))
-    text = buf.getvalue()
-    assert "int8_per_token_head" in text  # not cut: print_wide gives a log 160 columns
-    assert "2/14/4/0" in text and "20/0/0/0" in text
+    print_probe(Console(file=buf, width=80, color_system=None), "needle", checks)
+    text = " ".join(buf.getvalue().split())  # wrapped at 80 columns, between figures
+    assert text.startswith("needle: int8_per_token_head ")
     recall, cut = checks["int8_per_token_head"]
     # the checks' own numbers: 18 of 20 lost (4 cut at the cap, scored as misses), and 4 of 20 cut
-    assert "18/0" in text and f"{recall['value']:+.3f}" in text and recall["outcome"] == "fail"
+    assert recall["lost"] == 18 and f"{recall['value']:+.3f}" in text and recall["outcome"] == "fail"
     assert f"{cut['value']:+.3f}" in text and f"{cut['outcome']}" in text
-    assert "recall drop at most 0.000" in text and "rise in answers cut at the cap at most 0.100" in text

@@ -1,5 +1,5 @@
-"""Every table shows the checks' own outcomes: the live tables printed as a probe ends and the final
-tables of the report say what the signed verdict says, for the same run; the Power table names each
+"""Every table shows the checks' own outcomes: the line per candidate printed as a probe ends and the
+final tables of the report say what the signed verdict says, for the same run; the Power table names each
 check by its metric and case; a rules/2 verdict still renders."""
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from verdict_inputs import Measurements, needle_cases, perplexity_rows, tasks_su
 from kvprobe.checks import live_checks
 from kvprobe.cli import main
 from kvprobe.config import Bars
-from kvprobe.report import cells, tables, terminal
+from kvprobe.report import cells, tables
+from kvprobe.report.summary import print_probe
 from kvprobe.report.tables import TableData
 from kvprobe.verdict import build_verdict
 
@@ -80,9 +81,20 @@ def test_the_live_checks_are_the_verdicts(wrecked) -> None:
                 assert check["value"] == signed[check["id"]]["value"], check["id"]
 
 
-def test_perplexity_live_and_final_tables_show_the_verdicts_outcome(wrecked) -> None:
+def live_lines(m: Measurements, probe: str) -> str:
+    """What a probe prints as it ends: a line per candidate, markup stripped as a log shows it."""
+    buf = io.StringIO()
+    print_probe(Console(file=buf, width=220, color_system=None), probe, live(m, probe))
+    return buf.getvalue()
+
+
+def line_for(text: str, probe: str, name: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith(f"{probe}: {name} "))
+
+
+def test_perplexity_live_line_and_final_table_show_the_verdicts_outcome(wrecked) -> None:
     m, v = wrecked
-    live_text = text_of(terminal.perplexity_table(m.perplexity, live(m, "perplexity")))
+    live_text = live_lines(m, "perplexity")
     final = tables.perplexity_table(v)
     assert final is not None
     for name, outcome in (("cand", "pass"), ("int8", "fail")):
@@ -91,15 +103,14 @@ def test_perplexity_live_and_final_tables_show_the_verdicts_outcome(wrecked) -> 
         shown = [cells.value_text(check["bar"], check["value"]), cells.interval_text(check), "deterministic"]
         row = row_of(final, name)
         assert row[3:] == [*shown, outcome]
-        line = line_of(live_text, name)
-        assert all(s in line for s in shown) and line.rstrip(" │").endswith(outcome)
-    ref_line = line_of(live_text, "ref (ref)")
-    assert "deterministic" in ref_line and "reference" in ref_line  # the noise as the check measured it
+        line = line_for(live_text, "perplexity", name)
+        assert f"{cells.estimate_text(check)} (bar {cells.limit_text(check)}) {outcome}" in line
+    assert "perplexity: ref " not in live_text  # the reference is not judged
 
 
-def test_needle_live_and_final_tables_show_both_checks_outcomes(wrecked) -> None:
+def test_needle_live_line_and_final_table_show_both_checks_outcomes(wrecked) -> None:
     m, v = wrecked
-    live_text = text_of(terminal.needle_table(m.needle, live(m, "needle")))
+    live_text = live_lines(m, "needle")
     final = tables.needle_table(v)
     assert final is not None
     recall, cut = verdict_checks(v, "int8")["needle.recall_drop"], verdict_checks(v, "int8")["needle.truncation_rise"]
@@ -109,14 +120,14 @@ def test_needle_live_and_final_tables_show_both_checks_outcomes(wrecked) -> None
     assert row[1:6] == ["2", "35", "3", "0", "5%"]
     assert row[6:] == [cells.estimate_text(recall), "fail", cells.estimate_text(cut), "inconclusive"]
     assert final.tags[final.rows.index(row)] == "fail"
-    line = line_of(live_text, "int8")
-    assert "2/35/3/0" in line and f"{recall['lost']}/{recall['gained']}" in line
-    assert f"{cells.estimate_text(recall)} fail" in line and f"{cells.estimate_text(cut)} inconclusive" in line
+    line = line_for(live_text, "needle", "int8")
+    assert f"{cells.estimate_text(recall)} (bar {cells.limit_text(recall)}) fail" in line
+    assert f"{cells.estimate_text(cut)} (bar {cells.limit_text(cut)}) inconclusive" in line
 
 
-def test_tasks_live_and_final_tables_show_the_drop_and_the_cut_checks(wrecked) -> None:
+def test_tasks_live_line_and_final_table_show_the_drop_and_the_cut_checks(wrecked) -> None:
     m, v = wrecked
-    live_text = text_of(terminal.tasks_table(m.tasks, live(m, "tasks")))
+    live_text = live_lines(m, "tasks")
     final = tables.tasks_table(v)
     assert final is not None
     drop, cut = verdict_checks(v, "cand")["tasks.qa.drop"], verdict_checks(v, "cand")["tasks.qa.truncation_rise"]
@@ -124,14 +135,14 @@ def test_tasks_live_and_final_tables_show_the_drop_and_the_cut_checks(wrecked) -
     assert row[5] == "2"  # cut at the cap
     assert row[6:] == [cells.estimate_text(drop), f"{drop['mcnemar_p']:.2g}", drop["outcome"],
                        cells.estimate_text(cut), cut["outcome"]]
-    line = next(x for x in live_text.splitlines() if " cand " in x)
-    assert f"{cells.estimate_text(drop)} {drop['outcome']}" in line
-    assert f"{cells.estimate_text(cut)} {cut['outcome']}" in line
+    line = line_for(live_text, "tasks", "cand")
+    assert f"{cells.estimate_text(drop)} (bar {cells.limit_text(drop)}) {drop['outcome']}" in line
+    assert f"{cells.estimate_text(cut)} (bar {cells.limit_text(cut)}) {cut['outcome']}" in line
 
 
-def test_the_load_tables_show_each_speed_check_by_metric(wrecked) -> None:
+def test_the_load_line_and_tables_show_each_speed_check_by_metric(wrecked) -> None:
     m, v = wrecked
-    live_text = text_of(terminal.load_table(m.load, live(m, "load")))
+    live_text = live_lines(m, "load")
     speed = tables.speed_table(v)
     assert speed is not None and speed.headers[2:] == ["output tok/s", "TTFT p99", "ITL p99", "E2E p99"]
     checks = verdict_checks(v, "cand")
@@ -139,8 +150,11 @@ def test_the_load_tables_show_each_speed_check_by_metric(wrecked) -> None:
     ids = ["load.agents=4.throughput_drop", "load.agents=4.ttft_p99_rise", "load.agents=4.itl_p99_rise",
            "load.agents=4.e2e_p99_rise"]
     assert row[2:] == [cells.ratio_text(checks[i]) for i in ids]
-    for short, check_id in zip(("tok/s", "TTFT", "ITL", "E2E"), ids, strict=True):
-        assert f"{short} {cells.ratio_text(checks[check_id])}" in live_text
+    # the line leads with the declared endpoint, each figure as the check has it
+    line = line_for(live_text, "load", "cand")
+    endpoint = checks["load.endpoint.throughput_drop"]
+    assert line.startswith(f"load: cand {cells.label(endpoint)}") and f"(bar {cells.limit_text(endpoint)})" in line
+    assert line.split(" · ")[0].endswith(cells.outcome_word(endpoint))
 
 
 def test_a_client_limited_block_is_dropped_and_the_tables_say_so(tmp_path: Path) -> None:
