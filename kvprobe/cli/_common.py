@@ -39,6 +39,9 @@ def set_view(verbose: bool, quiet: bool) -> None:
     if verbose and quiet:
         _fail(["--verbose and --quiet: give one"])
     view = "verbose" if verbose else "quiet" if quiet else "summary"
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:  # read now, not at import: an embedding caller may set it late
+        out_console.width = int(columns)
 
 
 def run_console() -> Console:

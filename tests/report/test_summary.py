@@ -1,0 +1,92 @@
+"""The answer in a few lines: the summary `eval` prints by default fits the terminal at 80, 100 and 120
+columns without cutting a number, says each axis per candidate, and --quiet / --verbose print less / more."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from replay import SERVERS_TOML, MultiReplay, Replay
+from rich.console import Console
+
+from kvprobe import evaluation
+from kvprobe.cli import main
+from kvprobe.report import cells
+from kvprobe.report.summary import print_summary
+
+RUNS = sorted((Path(__file__).parents[1] / "fixtures" / "runs").glob("*/verdict.json"))
+NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?[%x]?")
+
+
+def render(verdict: dict, width: int) -> list[str]:
+    buf = io.StringIO()
+    print_summary(Console(file=buf, width=width, color_system=None), verdict)
+    return buf.getvalue().splitlines()
+
+
+@pytest.mark.parametrize("width", [80, 100, 120])
+@pytest.mark.parametrize("path", RUNS, ids=[p.parent.name for p in RUNS])
+def test_the_summary_fits_and_never_cuts_a_number(path: Path, width: int) -> None:
+    verdict = json.loads(path.read_text())
+    lines = render(verdict, width)
+    assert all(len(line) <= width for line in lines), max(lines, key=len)
+    words = {w for line in lines for w in line.split()}
+    for name, d in verdict["decisions"].items():
+        assert any(line.startswith(f"{name}: {d['decision']}") for line in lines)
+        for check in d["checks"]:
+            if check.get("probe") in ("perplexity", "needle", "tasks", "agreement"):
+                # each figure of a quality check is whole on some line (wrapping happens between words)
+                for number in NUMBER.findall(cells.estimate_text(check)):
+                    assert any(number in w for w in words), (name, check.get("id"), number)
+        if d.get("capacity_ratio") is not None:
+            assert any(f"{d['capacity_ratio']:.2f}x" in line for line in lines)
+    assert lines[-1].startswith("recommendation: ")
+
+
+def test_at_100_columns_each_axis_is_a_line_of_its_own() -> None:
+    verdict = json.loads((RUNS[0].parent.parent / "xeon-amx-demo" / "verdict.json").read_text())
+    lines = render(verdict, 100)
+    fp8 = lines[lines.index("fp8: inconclusive") + 1:]
+    axes = [line[:11].strip() for line in fp8[:8] if line[:11].strip()]
+    assert axes[:5] == ["capacity", "quality", "speed", "serving", "to settle"]
+    assert "2.00x (1,048,576 vs 524,288 KV tokens)" in fp8[0]
+    assert "perplexity delta -0.57% [-1.12%, -0.05%] (bar 1.00%) pass" in fp8[1]
+    # the reject's failing bar is there with its number and interval
+    assert any("perplexity delta +66.63% [+57.43%, +77.05%] (bar 1.00%) fail" in line for line in lines)
+
+
+def _fleet(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.delenv("KVPROBE_SIGNING_KEY", raising=False)
+    transport = MultiReplay({"127.0.0.1:8101": Replay("auto-8101"), "127.0.0.1:8102": Replay("fp8-8102")}).transport()
+    real = evaluation.make_clients
+    monkeypatch.setattr(evaluation, "make_clients", lambda config, _=None: real(config, transport))
+    servers = tmp_path / "servers.toml"
+    servers.write_text(SERVERS_TOML)
+    return servers
+
+
+@pytest.mark.parametrize("view", ["--quiet", "", "--verbose"])
+def test_quiet_summary_and_verbose(view: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    servers = _fleet(monkeypatch, tmp_path)
+    args = ["eval", "--servers", str(servers), "--probes", "capacity", "--out", str(tmp_path / "run")]
+    result = CliRunner(env={"COLUMNS": "100"}).invoke(main, [*args, *([view] if view else [])])
+    assert result.exit_code == 0, result.output
+    if view == "--quiet":
+        assert result.stdout == "fp8: inconclusive\n"  # the decision lines, nothing else
+        return
+    assert "fp8: inconclusive" in result.stdout and "recommendation: keep auto" in result.stdout
+    assert "capacity  2.00x (2,097,152 vs 1,048,576 KV tokens)" in result.stdout  # the tiny-llama captures
+    assert all(len(line) <= 100 for line in result.stdout.splitlines()), max(result.stdout.splitlines(), key=len)
+    # the full tables only with --verbose, each once
+    assert result.stdout.count("Decisions") == (1 if view == "--verbose" else 0)
+
+
+def test_verbose_and_quiet_together_is_one_line_and_exit_2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    servers = _fleet(monkeypatch, tmp_path)
+    result = CliRunner().invoke(main, ["eval", "--servers", str(servers), "-q", "-v"])
+    assert result.exit_code == 2 and result.stderr.strip() == "error: --verbose and --quiet: give one"
