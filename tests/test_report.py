@@ -141,3 +141,44 @@ def test_html_renders_in_headless_chromium(sample_run, tmp_path):
     green = int((np.abs(image - [44, 160, 44]).max(axis=2) < 12).sum())
     red = int((np.abs(image - [214, 39, 40]).max(axis=2) < 12).sum())
     assert green > 5000 and red > 5000, (green, red)
+
+
+def test_the_first_screen_holds_each_decision_and_its_axes(sample_run, tmp_path):
+    """Rendered for real: at 1280x800 the recommendation and every candidate's card (its decision badge
+    and the capacity, quality, speed and serving lines) are on the first screen, and each badge is
+    painted in its decision's colour in the screenshot."""
+    import json
+
+    chromium = _chromium()
+    verdict = sample_run.read_json("verdict.json")
+    rendered = render_reports(sample_run, verdict)
+    url = rendered.html.resolve().as_uri()
+    flags = [*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,800",
+             "--hide-scrollbars", "--force-device-scale-factor=1"]
+    shot = tmp_path / "first.png"
+    subprocess.run([chromium, *flags, f"--screenshot={shot}", url], check=True, capture_output=True, timeout=180)
+    dom = subprocess.run([chromium, *flags, "--virtual-time-budget=5000", "--dump-dom", url],
+                         check=True, capture_output=True, text=True, timeout=180).stdout
+    found = re.search(r'id="layout" data-rects="([^"]*)"', dom)
+    assert found and found.group(1), "the page's script did not run"
+    layout = json.loads(found.group(1).replace("&quot;", '"'))
+    assert layout["recommendation"]["y"] + layout["recommendation"]["h"] <= 800
+    cards = {c["name"]: c for c in layout["cards"]}
+    assert {n: c["decision"] for n, c in cards.items()} == {n: d["decision"] for n, d in verdict["decisions"].items()}
+    image = np.asarray(Image.open(shot).convert("RGB")).astype(int)
+    assert image.shape == (800, 1280, 3)
+    colours = {"adopt": [44, 160, 44], "reject": [214, 39, 40], "inconclusive": [255, 159, 28]}
+    for name, card in cards.items():
+        box = card["card"]
+        assert box["y"] + box["h"] <= 800, f"{name}'s card ends at {box['y'] + box['h']:.0f} px, below the first screen"
+        tag = card["tag"]
+        y0, y1, x0, x1 = int(tag["y"]), int(tag["y"] + tag["h"]), int(tag["x"]), int(tag["x"] + tag["w"])
+        badge = image[y0:y1, x0:x1]
+        want = colours[card["decision"]]
+        share = float((np.abs(badge - want).max(axis=2) < 16).mean())
+        assert share > 0.3, f"{name}'s {card['decision']} badge is not painted: {share:.0%} of it in its colour"
+    # every axis of the summary is in each card, as text the page lays out (not just in the HTML source)
+    glance = dom[dom.index('id="glance"'):]
+    glance = glance[:glance.index("</section>")]
+    for axis in ("capacity", "quality", "speed", "serving"):
+        assert glance.count(f"<th>{axis}</th>") == len(verdict["decisions"])

@@ -6,7 +6,9 @@ import base64
 from typing import Any
 
 from jinja2 import Environment
+from rich.text import Text
 
+from kvprobe.report.summary import candidate_rows
 from kvprobe.report.tables import all_tables
 
 _TEMPLATE = """<!doctype html>
@@ -34,6 +36,12 @@ figure { margin: 12px 0 20px; } figcaption { font-size: 12px; color: #555; }
 img.plot { max-width: 100%; border: 1px solid #eee; }
 figure.needle { display: inline-block; vertical-align: top; max-width: 48%; margin-right: 1%; }
 .absent { color: #888; font-style: italic; }
+#glance { display: flex; flex-wrap: wrap; gap: 12px; margin: 8px 0 16px; }
+.card { border: 1px solid #ddd; border-radius: 6px; padding: 8px 12px; flex: 1 1 520px; }
+.card-head { font-size: 15px; margin-bottom: 4px; }
+table.axes { border: none; margin: 0; } table.axes th, table.axes td { border: none; padding: 1px 8px 1px 0; }
+table.axes th { background: none; color: #555; font-weight: 600; white-space: nowrap; }
+details summary { cursor: pointer; color: #555; font-size: 12px; }
 code, pre { background: #f6f6f6; border-radius: 4px; } pre { padding: 8px; overflow-x: auto; font-size: 12px; }
 </style></head>
 <body>
@@ -42,7 +50,18 @@ code, pre { background: #f6f6f6; border-radius: 4px; } pre { padding: 8px; overf
  to {{ v.run.last_measurement or "-" }} · kvprobe {{ v.run.measured_by or "-" }}
  · schema {{ v.schema }} · rules {{ v.rules }}</div>
 <div class="rec {{ 'change' if v.recommendation.change else 'keep' }}" id="recommendation">
-<strong>Recommendation: {{ v.recommendation.server }}</strong> — {{ v.recommendation.reason }}</div>
+<strong>Recommendation: {{ 'adopt' if v.recommendation.change else 'keep' }} {{ v.recommendation.server }}</strong>
+<details><summary>why</summary>{{ v.recommendation.reason }}</details></div>
+
+<section id="glance">
+{% for c in glance %}
+<div class="card" data-name="{{ c.name }}"><div class="card-head"><strong>{{ c.name }}</strong>
+ <span class="tag t-{{ c.decision }}">{{ c.decision }}</span></div>
+<table class="axes"><tbody>
+{% for axis, text in c.rows %}<tr><th>{{ axis }}</th><td>{{ text }}</td></tr>
+{% endfor %}</tbody></table></div>
+{% endfor %}
+</section>
 
 {% for t in tables %}
 <h2>{{ t.title }}</h2>
@@ -69,6 +88,7 @@ kvprobe verify . --allowed-signers allowed_signers   # also re-derives every dec
 {% else %}<p class="absent">Not signed.</p>{% endif %}
 
 <div id="plot-status" data-total="{{ n_plots }}" data-loaded="0" data-broken="0"></div>
+<div id="layout" data-rects=""></div>
 <script>
 // Record whether every embedded plot decoded (read by the headless-browser test and visible in the DOM).
 window.addEventListener("load", function () {
@@ -76,6 +96,18 @@ window.addEventListener("load", function () {
   imgs.forEach(function (img) { if (img.complete && img.naturalWidth > 0) { ok++; } else { bad++; } });
   var s = document.getElementById("plot-status");
   s.setAttribute("data-loaded", ok); s.setAttribute("data-broken", bad);
+  // Where the answer landed on screen (read by the screenshot test): the recommendation, each
+  // candidate's card and its decision badge, in CSS pixels from the top of the page.
+  var rect = function (el) { var r = el.getBoundingClientRect();
+    return {x: r.left + window.scrollX, y: r.top + window.scrollY, w: r.width, h: r.height}; };
+  var cards = [];
+  document.querySelectorAll("#glance .card").forEach(function (card) {
+    var tag = card.querySelector(".tag");
+    cards.push({name: card.getAttribute("data-name"), decision: tag.textContent, card: rect(card), tag: rect(tag)});
+  });
+  document.getElementById("layout").setAttribute("data-rects", JSON.stringify(
+    {recommendation: rect(document.getElementById("recommendation")), cards: cards,
+     viewport: {w: window.innerWidth, h: window.innerHeight}}));
 });
 </script>
 </body></html>
@@ -88,6 +120,15 @@ _FIGURE = """{% macro figure(p) %}<figure class="{{ p.key }}">{% if p.data %}<im
 # Which plot goes under which table; the rest go in the Plots section.
 _PLACEMENT = {"capacity": "Decisions", "perplexity": "Perplexity", "load": "Load (mean over repeated runs)",
               "latency": "Load (mean over repeated runs)", "needle": "Needle retrieval"}
+
+
+def glance(v: dict[str, Any]) -> list[dict[str, Any]]:
+    """The first screen: per candidate its decision and the summary's axes, as the terminal says them."""
+    out = []
+    for name, d in (v.get("decisions") or {}).items():
+        rows = [(label, Text.from_markup(text).plain) for label, text in candidate_rows(v, name)]
+        out.append({"name": name, "decision": d["decision"], "rows": rows})
+    return out
 
 
 def render(v: dict[str, Any], plots: list[dict[str, Any]], signature: dict[str, Any] | None) -> str:
@@ -108,5 +149,5 @@ def render(v: dict[str, Any], plots: list[dict[str, Any]], signature: dict[str, 
         else:
             rest.append(item)
     return env.from_string(_TEMPLATE).render(
-        v=v, tables=tables, plots_after=plots_after, plots_rest=rest, figure=figure, signature=signature,
-        n_plots=sum(1 for i in items if i["data"]))
+        v=v, tables=tables, glance=glance(v), plots_after=plots_after, plots_rest=rest, figure=figure,
+        signature=signature, n_plots=sum(1 for i in items if i["data"]))
