@@ -29,16 +29,20 @@ RESERVE_SHARE = 0.05
 _UNITS = {"s": 1, "m": 60, "h": 3600}
 
 
-def parse_budget(text: str) -> float:
-    """'5m', '90s', '1h30m', '300' (seconds) -> seconds."""
+def parse_duration(text: str, option: str) -> float:
+    """'5m', '90s', '1h30m', '300' (seconds) -> seconds; `option` names the flag in the one-line error."""
     raw = text.strip().lower().replace(" ", "")
     if re.fullmatch(r"\d+(\.\d+)?", raw):
-        seconds = float(raw)
-    else:
-        parts = re.findall(r"(\d+(?:\.\d+)?)([smh])", raw)
-        if not parts or "".join(n + u for n, u in parts) != raw:
-            raise ConfigError([f"--budget {text!r}: give a duration like 5m, 90s or 1h30m"])
-        seconds = sum(float(n) * _UNITS[u] for n, u in parts)
+        return float(raw)
+    parts = re.findall(r"(\d+(?:\.\d+)?)([smh])", raw)
+    if not parts or "".join(n + u for n, u in parts) != raw:
+        raise ConfigError([f"{option} {text!r}: give a duration like 5m, 90s or 1h30m"])
+    return sum(float(n) * _UNITS[u] for n, u in parts)
+
+
+def parse_budget(text: str) -> float:
+    """'5m', '90s', '1h30m', '300' (seconds) -> seconds."""
+    seconds = parse_duration(text, "--budget")
     if seconds < 30:
         raise ConfigError([f"--budget {text!r}: at least 30s (the inventory and the verdict alone take seconds)"])
     return seconds

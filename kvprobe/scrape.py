@@ -26,6 +26,11 @@ ALIASES: dict[str, str] = {
 KV_USAGE = "vllm:kv_cache_usage_perc"
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
+# The waiting queue split by why it waits, label reason="capacity" (scheduling capacity: KV blocks,
+# max_num_seqs, the token budget) or "deferred" (LoRA budget, KV transfer); the two sum to WAITING.
+# vllm/v1/metrics/loggers.py, PrometheusStatLogger.__init__ (WAITING_REASON_CAPACITY). Servers from
+# before it have none; the captures here (0.26 GPU, 0.32 CPU) have it.
+WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
 PREEMPTIONS = "vllm:num_preemptions_total"
 PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
 PREFIX_HITS = "vllm:prefix_cache_hits_total"
@@ -49,6 +54,7 @@ _SAMPLE_RANGES: dict[str, dict[str, Any]] = {
     KV_USAGE: {"minimum": 0, "maximum": 1},
     RUNNING: {"minimum": 0, "maximum": MAX_TOKENS},
     WAITING: {"minimum": 0, "maximum": MAX_TOKENS},
+    WAITING_BY_REASON: {"minimum": 0, "maximum": MAX_TOKENS},
     **{name: {"minimum": 0} for name in (*COUNTERS, *SPEC_DECODE)},
 }
 
@@ -80,6 +86,11 @@ class MetricsSnapshot:
         """Sum over every series of `name` (engines, model names); None when absent."""
         rows = self.samples.get(name)
         return None if not rows else sum(v for _, v in rows)
+
+    def labelled_total(self, name: str, label: str, value: str) -> float | None:
+        """Sum over the series of `name` whose `label` is `value`; None when there is none."""
+        rows = [v for labels, v in self.samples.get(name, []) if labels.get(label) == value]
+        return sum(rows) if rows else None
 
     def maximum(self, name: str) -> float | None:
         rows = self.samples.get(name)

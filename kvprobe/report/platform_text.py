@@ -53,3 +53,49 @@ def recorded_platform_text(platforms: dict[str, Any], name: str) -> str:
     if name not in platforms:
         return "-"
     return platform_text(Platform.from_dict(platforms[name]))
+
+
+# Words a GPU's marketing name carries that do not tell two GPUs apart in a fleet table (the full
+# name is in --json): vendor and product-line words, memory size, form factor.
+_GPU_NOISE = re.compile(r"^(NVIDIA|GeForce|Tesla|Quadro|\d+GB|HBM\w*|PCIe|SXM\w*|NVL\w*|MIG\S*|Graphics)$", re.I)
+_CPU_LINES = ("EPYC", "Ryzen", "Threadripper", "Xeon", "Core", "Neoverse", "Graviton", "Ampere")
+
+
+def _gpu_short(name: str) -> str:
+    words = [w for w in re.split(r"[\s-]+", name) if w and not _GPU_NOISE.match(w)]
+    return " ".join(words[:3]) or name
+
+
+def _isa_level(isa: list[str] | None) -> str:
+    """The highest kernel path the flags allow: what picks vLLM's CPU kernels."""
+    if isa is None:
+        return "ISA ?"
+    if any(f.startswith("amx") for f in isa):
+        return "AMX"
+    if "avx512f" in isa:
+        return "AVX-512"
+    return "AVX2" if "avx2" in isa else "no AVX2"
+
+
+def platform_short(platform: Platform | None) -> str:
+    """`EPYC 25/1 AVX2`, `Xeon 6/167 AMX`, `H200 CUDA 13.0`: a fleet table's cell, which must fit beside
+    ten others; platform_text (and --json) keep every fact. A GPU server is named by its GPUs only."""
+    if platform is None:
+        return "not exposed"
+    if platform.nvidia_gpu_models:
+        names = Counter(_gpu_short(re.sub(r"^GPU \d+:\s*", "", line.strip()))
+                        for line in platform.nvidia_gpu_models.splitlines() if line.strip())
+        gpus = ", ".join(name if n == 1 else f"{n}x {name}" for name, n in names.items())
+        # compiled-for first: two servers on one runtime can still carry different builds
+        cuda = platform.cuda_compiled_version or ".".join((platform.cuda_runtime_version or "").split(".")[:2])
+        return f"{gpus} CUDA {cuda}" if cuda else gpus
+    model = platform.cpu_model or ""
+    line = next((w for w in _CPU_LINES if re.search(rf"\b{w}\b", model)), None)
+    if line is None:
+        words = [w for w in re.sub(r"\((R|TM|tm)\)", "", model).split() if w not in ("AMD", "Intel", "CPU")]
+        line = words[0][:12] if words else "CPU ?"
+    parts = [line]
+    if platform.cpu_family is not None or platform.cpu_model_number is not None:
+        parts.append("/".join("?" if x is None else str(x) for x in (platform.cpu_family, platform.cpu_model_number)))
+    parts.append(_isa_level(platform.isa))
+    return " ".join(parts)
