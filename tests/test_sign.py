@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -225,6 +226,12 @@ def test_verify_command_exit_codes(signed_run):
     ok = runner.invoke(main, ["verify", str(run_dir), "--allowed-signers", str(allowed)])
     assert ok.exit_code == 0, ok.output
     assert "signature ok" in ok.output and "decisions re-derived" in ok.output
+    as_json = runner.invoke(main, ["verify", str(run_dir), "--allowed-signers", str(allowed), "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    data = json.loads(as_json.stdout)
+    assert data["schema"] == "kvprobe.verify/1" and data["holds"] and data["signature"]["ok"]
+    assert data["decisions"] == {n: d["decision"] for n, d in json.loads((run_dir / "verdict.json").read_text())[
+        "decisions"].items()}
     flip_a_digit(run_dir / "verdict.json")
     bad = runner.invoke(main, ["verify", str(run_dir / "verdict.json"), "--allowed-signers", str(allowed)])
     assert bad.exit_code == 1
