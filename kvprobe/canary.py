@@ -134,7 +134,7 @@ def compare_with_baseline(base: dict[str, Any], cur: dict[str, Any], source: str
 def drift_table(drift: dict[str, Any]) -> Table:
     table = Table(title=f"Drift against the baseline {drift['baseline_run']}", header_style="bold")
     for col in ("server", "what", "was", "now", "severity", "detail"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     for item in drift["items"]:
         style = "red" if item["severity"] == "fail" else "dim"
         table.add_row(item["server"], item["what"], str(item["was"]), str(item["now"]),

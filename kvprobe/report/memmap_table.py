@@ -27,7 +27,7 @@ def dtype_table(mm: MemoryMap, dtype: str) -> Table:
                   header_style="bold", title_justify="left")
     for col in ("layer type", "layers", "bytes / token (all its layers)", "bytes / sequence", "of which padding",
                 "share of pool"):
-        table.add_column(col, justify="left" if col == "layer type" else "right")
+        table.add_column(col, justify="left" if col == "layer type" else "right", overflow="fold")
     for kind in mm.kinds():
         n = mm.model.count(kind)
         if kind in NO_KV_KINDS:
@@ -49,7 +49,7 @@ def summary_table(mm: MemoryMap) -> Table:
                         f"{human_bytes(mm.settings.kv_memory_bytes)} KV memory",
                   header_style="bold", title_justify="left")
     for col in ("kv dtype", "KV tokens", "max concurrency", "bytes / sequence", "ratio"):
-        table.add_column(col, justify="left" if col == "kv dtype" else "right")
+        table.add_column(col, justify="left" if col == "kv dtype" else "right", overflow="fold")
     for dtype, p in mm.plans.items():
         table.add_row(dtype + (" (reference)" if dtype == mm.reference else ""), f"{p.kv_cache_tokens:,}",
                       f"{p.max_concurrency:.2f}x", human_bytes(p.total_bytes_per_sequence), f"{mm.ratio(dtype):.2f}x")
@@ -62,9 +62,9 @@ def lever_table(lv: Lever) -> Table:
     table = Table(title=f"Predicted KV capacity by --kv-cache-dtype x --mamba-ssm-cache-dtype: {lv.mm.model.name} "
                         f"at max_model_len {lv.mm.max_model_len:,}, prefix caching {mode}",
                   header_style="bold", title_justify="left")
-    table.add_column("kv dtype \\ SSM state", justify="left")
+    table.add_column("kv dtype \\ SSM state", justify="left", overflow="fold")
     for ssm in lv.ssm_dtypes:
-        table.add_column(ssm, justify="right")
+        table.add_column(ssm, justify="right", overflow="fold")
     ref = lv.reference
     for kv in lv.kv_dtypes:
         row = []
