@@ -40,7 +40,9 @@ def replayed(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_audit_json_has_a_platform_or_says_it_is_not_exposed(replayed: None) -> None:
     result = CliRunner().invoke(cli.main, ["audit", "--json", "--no-smoke", DEV, PLAIN], catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    dev, plain = json.loads(result.stdout)
+    doc = json.loads(result.stdout)
+    assert doc["schema"] == "kvprobe.audit/1"
+    dev, plain = doc["servers"]
     assert dev["platform"] == {"cpu_model": "AMD EPYC", "cpu_family": 25, "cpu_model_number": 17,
                                "isa": ["avx2", "avx512_bf16", "avx512_vnni", "avx512f"], "nvidia_gpu_models": None,
                                "nvidia_driver_version": None, "cuda_runtime_version": "13.0.88",
@@ -56,10 +58,12 @@ async def test_audit_table_shows_each_platform() -> None:
     for c in clients:
         await c.aclose()
     out = io.StringIO()
-    Console(file=out, width=400, color_system=None).print(audit_table(inventories))
-    dev_line, plain_line = (next(line for line in out.getvalue().splitlines() if url in line) for url in (DEV, PLAIN))
-    assert "AMD EPYC (25/17) avx2 avx512_bf16 avx512_vnni avx512f" in dev_line
-    assert "platform not exposed" in plain_line and "EPYC" not in plain_line
+    Console(file=out, width=400, color_system=None).print(audit_table(inventories, width=400))
+    # host:port, not the URL: the scheme only takes width
+    dev_line, plain_line = (next(line for line in out.getvalue().splitlines() if line.startswith(url[7:]))
+                            for url in (DEV, PLAIN))
+    assert "EPYC 25/17 AVX-512" in dev_line  # the full text (every ISA flag) is --json's platform_text
+    assert "not exposed" in plain_line and "EPYC" not in plain_line
 
 
 GARBAGE = "<html><body>Log in</body></html>\n"
@@ -84,7 +88,7 @@ def test_audit_of_garbage_metrics_warns_on_stderr_and_exits_5(garbled: Replay, a
     (warning,) = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
     assert warning.startswith(f"warning: {DEV}: /metrics is not valid Prometheus text")
     if as_json:
-        (row,) = json.loads(result.stdout)  # stdout stays one JSON document
+        (row,) = json.loads(result.stdout)["servers"]  # stdout stays one JSON document
         assert row["unreadable"] == [warning.removeprefix(f"warning: {DEV}: ")] and row["kv_cache_tokens"] is None
 
 

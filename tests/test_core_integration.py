@@ -42,7 +42,7 @@ def test_audit_json_reports_real_capacity(vllm_servers: dict[str, LocalServer], 
     ref, cand = vllm_servers["reference"], vllm_servers["any_2x"]
     result = kvprobe("audit", "--json", ref.url, cand.url)
     assert result.exit_code == 0, result.stderr
-    rows = json.loads(result.stdout)
+    rows = json.loads(result.stdout)["servers"]
     assert [r["cache_dtype"] for r in rows] == [ref.spec.kv_cache_dtype, cand.spec.kv_cache_dtype]
     expected = [bed["reference"].kv_tokens, 2 * bed["reference"].kv_tokens]  # what the startup log says
     assert [r["kv_cache_tokens"] for r in rows] == expected

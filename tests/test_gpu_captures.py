@@ -239,8 +239,9 @@ def test_audit_shows_compiled_for_beside_run_on(monkeypatch: pytest.MonkeyPatch)
                                                                    backoff_s=0, **kw))
     result = CliRunner().invoke(cli.main, ["audit", "--json", *(url(n) for n in DENSE)], catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    rows = json.loads(result.stdout)
+    rows = json.loads(result.stdout)["servers"]
     assert [r["kv_cache_tokens"] for r in rows] == list(TOKENS.values())
+    assert all("NVIDIA H200 sm_90" in r["platform_text"] and r["platform_short"] == "H200 CUDA 13.0" for r in rows)
     assert all(r["platform"]["cuda_compiled_version"] == "13.0" and r["platform"]["cuda_archs"] == ["9.0a"]
                for r in rows)
     text = platform_text(platform_from_system_env(gpu_server_info("auto")["system_env"]))
@@ -250,10 +251,11 @@ def test_audit_shows_compiled_for_beside_run_on(monkeypatch: pytest.MonkeyPatch)
 
 async def test_audit_table_keeps_the_gpu_facts() -> None:
     out = io.StringIO()
-    Console(file=out, width=500, color_system=None).print(audit_table(await inventories()))
+    Console(file=out, width=500, color_system=None).print(audit_table(await inventories(), width=500))
     lines = [line for line in out.getvalue().splitlines() if "127.0.0.1:82" in line]
     assert len(lines) == 3
-    assert all("NVIDIA H200 sm_90" in line and "compiled for CUDA 13.0" in line for line in lines)
+    # the table's short form; the full run-on beside compiled-for is --json's platform_text (above)
+    assert all("H200 CUDA 13.0" in line for line in lines)
     assert "986,880" in out.getvalue()
 
 

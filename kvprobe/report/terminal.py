@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.console import RenderableType
 from rich.markup import escape
 from rich.table import Table
 
 from kvprobe.inventory import Inventory
-from kvprobe.report.platform_text import platform_text
 
 
 def _num(value: Any, fmt: str = ",") -> str:
@@ -17,30 +17,18 @@ def _num(value: Any, fmt: str = ",") -> str:
     return format(value, fmt)
 
 
-def audit_table(inventories: list[Inventory]) -> Table:
-    table = Table(title="kvprobe audit", header_style="bold")
-    for col in ("url", "version", "model", "max len", "cache dtype", "KV tokens", "est.", "max conc.",
-                "KV usage", "health", "smoke", "platform"):
-        table.add_column(col, justify="right" if col in ("max len", "KV tokens", "max conc.", "KV usage") else "left")
-    for inv in inventories:
-        cap = inv.capacity
-        smoke = "-" if inv.smoke is None else (
-            f"ok {inv.smoke.prompt_tokens} tok {inv.smoke.seconds:.1f}s" if inv.smoke.ok else "[red]FAIL[/red]")
-        health = "[green]ok[/green]" if inv.healthy else f"[red]{inv.status}[/red]"
-        table.add_row(
-            escape(inv.url), escape(inv.version or "-"), escape(inv.model or "-"), _num(inv.max_model_len),
-            escape(inv.cache_dtype or "-"),
-            _num(cap.kv_cache_tokens if cap else None), ("yes" if cap.estimate else "no") if cap else "-",
-            _num(cap.max_concurrency if cap else None, ".1f"),
-            "-" if inv.kv_usage is None else f"{inv.kv_usage:.1%}", health, smoke, escape(platform_text(inv.platform)),
-        )
-    return table
+def audit_table(inventories: list[Inventory], width: int = 160) -> RenderableType:
+    """`kvprobe audit`'s fleet view (kvprobe.report.fleet): one row per server, grouped by model, fitted to
+    `width` columns."""
+    from kvprobe.report.fleet import fleet_table
+
+    return fleet_table(inventories, width)
 
 
 def capacity_table(summary: dict[str, Any]) -> Table:
     table = Table(title="KV capacity (from /metrics)", header_style="bold")
     for col in ("server", "role", "cache dtype", "KV tokens", "max concurrency", "ratio"):
-        table.add_column(col, justify="left" if col in ("server", "role", "cache dtype") else "right")
+        table.add_column(col, justify="left" if col in ("server", "role", "cache dtype") else "right", overflow="fold")
     for name, row in summary["servers"].items():
         ratio = row.get("ratio")
         tokens = _num(row.get("kv_cache_tokens")) + (" (est.)" if row.get("estimate") else "")
