@@ -9,8 +9,9 @@ from __future__ import annotations
 import click
 
 from kvprobe import __version__
-from kvprobe.cli import audit, canary, demo, memmap, report, verify
+from kvprobe.cli import audit, canary, check, compare, demo, memmap, report, verify
 from kvprobe.cli import eval as eval_
+from kvprobe.cli._common import size_console
 from kvprobe.crash import Guarded
 
 
@@ -18,10 +19,11 @@ from kvprobe.crash import Guarded
 @click.version_option(__version__, prog_name="kvprobe")
 def main() -> None:
     """Is a KV-cache setting worth deploying? Measure it against a gold reference."""
+    size_console()
 
 
 for _command in (audit.audit, eval_.eval_cmd, demo.demo, memmap.memmap, report.report_cmd, canary.canary_cmd,
-                 verify.verify_cmd):
+                 verify.verify_cmd, check.check_cmd, compare.compare_cmd):
     main.add_command(_command)
 
 __all__ = ["main"]

@@ -39,8 +39,12 @@ def set_view(verbose: bool, quiet: bool) -> None:
     if verbose and quiet:
         _fail(["--verbose and --quiet: give one"])
     view = "verbose" if verbose else "quiet" if quiet else "summary"
+
+
+def size_console() -> None:
+    """COLUMNS, read when a command starts, not at import: an embedding caller may set it late."""
     columns = os.environ.get("COLUMNS", "")
-    if columns.isdigit() and int(columns) > 0:  # read now, not at import: an embedding caller may set it late
+    if columns.isdigit() and int(columns) > 0:
         out_console.width = int(columns)
 
 

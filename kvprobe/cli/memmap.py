@@ -96,9 +96,9 @@ def memmap(config: Path, max_model_len: int | None, kv_dtypes: str, kv_memory: s
             out_console.print(lever_table(lv))
         for note in mm.model.notes:
             err_console.print(f"[yellow]note:[/yellow] {note}", highlight=False)
-        out_console.print(mm.conclusion(), highlight=False, soft_wrap=True)
+        out_console.print(mm.conclusion(), highlight=False)
         if lv.ssm_dtypes:
-            out_console.print(f"[bold]lever:[/bold] {lv.sentence()}", highlight=False, soft_wrap=True)
+            out_console.print(f"[bold]lever:[/bold] {lv.sentence()}", highlight=False)
     # Charts only where told: a command that prints a prediction does not litter the working directory.
     charts = []
     if chart is not None:

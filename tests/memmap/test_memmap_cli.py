@@ -147,3 +147,11 @@ def test_bad_input_is_one_clear_line(tmp_path: Path, args: list[str], message: s
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:")
     assert message in lines[0]
+
+
+@pytest.mark.parametrize("columns", ["60", "80", "100"])
+def test_tables_fold_rather_than_cut_a_number(columns: str) -> None:
+    result = CliRunner(env={"COLUMNS": columns}).invoke(main, ["memmap", str(HYBRID), "--max-model-len", "8192"])
+    assert result.exit_code == 0, result.output
+    assert "…" not in result.stdout and all(len(line) <= int(columns) for line in result.stdout.splitlines())
+    assert "599,186" in result.stdout and "838,860" in result.stdout
