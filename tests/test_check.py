@@ -1,0 +1,235 @@
+"""`kvprobe check servers.toml`: the plan of a good config, one line per problem of a bad one (exit 2), and
+`--reach` against replayed real captures. Nothing is measured: no test here starts a server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from click.testing import CliRunner, Result
+from replay import FIXTURES, MultiReplay, Replay
+
+from kvprobe import plan as plan_mod
+from kvprobe.cli import main
+
+LLAMA_CONFIG = Path(__file__).parents[1] / "demo" / "models" / "needle-llama" / "config.json"
+SECRET = "sk-check-never-printed-0451"
+
+SERVERS = """
+[[server]]
+name = "auto"
+url = "http://127.0.0.1:8101"
+role = "reference"
+api_key_env = "KVPROBE_CHECK_KEY"
+
+[[server]]
+name = "fp8"
+url = "http://127.0.0.1:8102/v1"
+role = "candidate"
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "servers.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def check(*args: str) -> Result:
+    return CliRunner().invoke(main, ["check", *args], catch_exceptions=False)
+
+
+def error_lines(result: Result) -> list[str]:
+    return [line for line in result.stderr.splitlines() if line.strip()]
+
+
+@pytest.fixture(autouse=True)
+def _key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVPROBE_CHECK_KEY", SECRET)
+
+
+def test_a_good_config_prints_the_plan_and_exits_0(tmp_path: Path) -> None:
+    result = check(str(write(tmp_path, SERVERS)), "--max-model-len", "8192")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "servers.toml: valid; nothing was measured" in out
+    assert "knob: kv_cache_dtype" in out
+    auto = next(line for line in out.splitlines() if line.strip().startswith("auto "))
+    assert "127.0.0.1:8101" in auto and "reference" in auto and "API key from $KVPROBE_CHECK_KEY (set)" in auto
+    fp8 = next(line for line in out.splitlines() if line.strip().startswith("fp8 "))
+    assert "127.0.0.1:8102" in fp8 and "candidate" in fp8 and "no API key" in fp8
+    assert "probes (the default set): capacity, perplexity, agreement, needle, load" in out
+    # the sizes eval would plan at this context: the needle grid as the recorded AVX2 demo run placed it
+    assert "40 needles over 8 length(s) (1,024-7,168 tokens) x 5 depth(s), answer cap 1,024 tokens" in out
+    assert "16 passages (shipped kvprobe_ppl)" in out
+    assert "looks at 4, 8, 12, 16, 20" in out
+    assert "bars: perplexity_delta_max 0.01" in out
+    assert "estimate (rough):" in out and "assumed: no server was measured" in out
+    assert SECRET not in result.output
+
+
+def test_the_plan_as_json(tmp_path: Path) -> None:
+    result = check(str(write(tmp_path, SERVERS)), "--max-model-len", "8192", "--json",
+                   "--probes", "needle,capacity,load")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert SECRET not in result.stdout
+    assert data["valid"] is True and data["problems"] == []
+    assert data["knob"] == "kv_cache_dtype" and data["reference"] == "auto"
+    assert data["servers"][0] == {"name": "auto", "url": "http://127.0.0.1:8101", "host_port": "127.0.0.1:8101",
+                                  "role": "reference", "api_key_env": "KVPROBE_CHECK_KEY", "api_key_set": True,
+                                  "model": None, "headers": [], "timeout_s": 600.0}
+    assert data["servers"][1]["url"] == "http://127.0.0.1:8102" and data["servers"][1]["api_key_set"] is None
+    assert data["probes"] == ["capacity", "needle", "load"] and data["probes_chosen_by"] == "--probes"
+    needle = data["settings"]["needle"]
+    assert needle["count"] == 40 and needle["lengths"] == [1024, 1902, 2779, 3657, 4535, 5413, 6290, 7168]
+    assert needle["depths"] == [0.0, 0.25, 0.5, 0.75, 1.0] and needle["max_tokens"] == 1024
+    load = data["settings"]["load"]
+    assert load["design"] == "sequential" and load["looks"] == [4, 8, 12, 16, 20]
+    assert load["shapes"][0]["agents"] == [1, 2, 4, 8, 16] and load["shapes"][0]["last_turn_tokens"] > 1024
+    assert data["max_model_len"] == {"value": 8192, "source": "--max-model-len",
+                                     "per_server": {"auto": 8192, "fp8": 8192}}
+    est = data["estimate"]
+    assert est["rough"] is True and 0 < est["low_s"] <= est["high_s"]
+    assert set(est["by_probe"]) == {"inventory", "needle", "load"}
+    assert data["not_measured"] == {} and data["reach"] is None and data["sizing"] == []
+    assert set(data["bars"]) >= {"perplexity_delta_max", "needle_recall_drop_max", "capacity_gain_min"}
+
+
+def test_sizes_that_cannot_pass_a_bar_are_said_as_eval_says_them(tmp_path: Path) -> None:
+    result = check(str(write(tmp_path, "[needle]\ncount = 20\n" + SERVERS)), "--max-model-len", "8192")
+    assert result.exit_code == 0, result.output
+    assert "sizing: needle.count = 20 cannot pass needle_recall_drop_max = 0.1" in result.stdout
+
+
+def test_without_a_context_the_fit_is_not_checked_and_it_says_so(tmp_path: Path) -> None:
+    result = check(str(write(tmp_path, SERVERS)), "--json")
+    data = json.loads(result.stdout)
+    assert result.exit_code == 0
+    assert data["max_model_len"]["source"] is None and data["settings"]["needle"]["lengths"] is None
+    assert data["estimate"]["assumed"]["max_model_len"] == 8192
+    text = check(str(write(tmp_path, SERVERS))).stdout
+    assert "max_model_len: not known, so whether the probe settings fit the servers is not checked" in text
+
+
+def test_a_default_that_cannot_fit_is_not_measured_as_eval_would_say(tmp_path: Path) -> None:
+    result = check(str(write(tmp_path, SERVERS)), "--max-model-len", "512")
+    assert result.exit_code == 0, result.output
+    assert ("needle      not measured: its default answer cap (max_tokens 1024) leaves 0 tokens for a prompt "
+            "within max_model_len 512") in result.stdout
+    assert "load        not measured: its default shape needs about" in result.stdout
+
+
+def test_the_model_configs_context_bounds_what_a_server_of_it_can_serve(tmp_path: Path) -> None:
+    text = f'model_config = "{LLAMA_CONFIG}"\n[needle]\nmax_tokens = 8190\n' + SERVERS
+    result = check(str(write(tmp_path, text)))
+    assert result.exit_code == 2
+    assert error_lines(result) == [
+        "error: needle.max_tokens = 8190 leaves 2 tokens for the prompt within max_model_len 8192 of server "
+        "'auto': lower needle.max_tokens"]
+    fine = check(str(write(tmp_path, f'model_config = "{LLAMA_CONFIG}"\n' + SERVERS)), "--json")
+    data = json.loads(fine.stdout)
+    assert fine.exit_code == 0 and data["model_config"]["max_position_embeddings"] == 8192
+    assert data["max_model_len"]["value"] == 8192 and "max_position_embeddings" in data["max_model_len"]["source"]
+
+
+@pytest.mark.parametrize(("text", "args", "expected"), [
+    ("knob = \n" + SERVERS, [], ["not valid TOML"]),
+    ("[bars]\nperplexity_delta_mx = 0.01\n" + SERVERS, [], ["bars.perplexity_delta_mx: unknown key"]),
+    (SERVERS.replace("KVPROBE_CHECK_KEY", "KVPROBE_CHECK_UNSET"), [],
+     ["server[0].api_key_env: environment variable KVPROBE_CHECK_UNSET is not set"]),
+    ('model_config = "no/such/config.json"\n' + SERVERS, [],
+     ["no/such/config.json: no such file: give the model's Hugging Face config.json"]),
+    ('[tasks]\nnames = ["no_such_task"]\n' + SERVERS, [], ["tasks: 'no_such_task': no such lm-eval task"]),
+    ("[needle]\nmax_tokens = 1024\n[load]\nturns = 8\n" + SERVERS, ["--max-model-len", "512"],
+     ["needle.max_tokens = 1024 leaves 0 tokens for the prompt within max_model_len 512",
+      "load: shape 'default': the last turn needs about"]),
+    ("[needle]\nlengths = [4000]\n" + SERVERS, ["--max-model-len", "4096"],
+     ["needle.lengths: 4000 tokens + max_tokens 1024 = 5024 is over max_model_len 4096"]),
+    (SERVERS, ["--probes", "capacity,needles"], ["--probes: unknown probe(s) needles"]),
+])
+def test_each_problem_is_one_line_and_exit_2(tmp_path: Path, text: str, args: list[str],
+                                             expected: list[str]) -> None:
+    result = check(str(write(tmp_path, text)), *args)
+    assert result.exit_code == 2, result.output
+    lines = error_lines(result)
+    assert len(lines) == len(expected), lines
+    for line, part in zip(lines, expected, strict=True):
+        assert line.startswith("error: ") and part in line, (line, part)
+    assert result.stdout == ""
+    assert SECRET not in result.output
+
+
+def test_problems_as_json(tmp_path: Path) -> None:
+    bad = check(str(write(tmp_path, "[bars]\nbogus = 1\n" + SERVERS)), "--json")
+    assert bad.exit_code == 2
+    assert json.loads(bad.stdout) == {"servers_file": str(tmp_path / "servers.toml"), "valid": False,
+                                      "problems": [f"{tmp_path / 'servers.toml'}: bars.bogus: unknown key: remove "
+                                                   "it or check its spelling"]}
+    late = check(str(write(tmp_path, "[needle]\nmax_tokens = 1024\n" + SERVERS)), "--json", "--max-model-len", "512")
+    data = json.loads(late.stdout)
+    assert late.exit_code == 2 and data["valid"] is False and data["estimate"] is None
+    assert data["problems"] == [line.removeprefix("error: ") for line in error_lines(late)]
+
+
+# -- --reach, against replayed captures of real vLLM servers ---------------------------------------
+
+def _hybrid_models(request: httpx.Request) -> httpx.Response:
+    body = (FIXTURES / "hybrid-nemotronh" / "models-auto-maxlen512.json").read_bytes()
+    return httpx.Response(200, content=body, headers={"content-type": "application/json"})
+
+
+def _reach_through(monkeypatch: pytest.MonkeyPatch, servers: dict[str, Any]) -> list[tuple[str, str]]:
+    multi = MultiReplay(servers)
+    seen: list[tuple[str, str]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.method, request.url.path))
+        return multi(request)
+
+    real = plan_mod.reach
+    monkeypatch.setattr(plan_mod, "reach", lambda config: real(config, httpx.MockTransport(handler)))
+    return seen
+
+
+def test_reach_reads_health_and_models_and_fits_the_probes_to_what_the_servers_serve(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    auto, fp8 = Replay("auto-8101"), Replay("fp8-8102")
+    fp8.routes[("GET", "/v1/models")] = _hybrid_models  # a 512-token server: the default needle cap cannot fit
+    seen = _reach_through(monkeypatch, {"127.0.0.1:8101": auto, "127.0.0.1:8102": fp8})
+    result = check(str(write(tmp_path, SERVERS)), "--reach")
+    assert result.exit_code == 0, result.output
+    assert {path for _, path in seen} == {"/health", "/v1/models"}  # nothing measured: no prompt, no /metrics
+    assert "reach: auto: /health ok; /v1/models" in result.stdout
+    assert "reach: fp8: /health ok; /v1/models tiny-hybrid (max_model_len 512)" in result.stdout
+    assert "needle      not measured: its default answer cap (max_tokens 1024) leaves 0 tokens for a prompt " \
+           "within max_model_len 512 of server 'fp8'" in result.stdout
+    data = json.loads(check(str(write(tmp_path, SERVERS)), "--reach", "--json").stdout)
+    assert data["max_model_len"]["source"] == "/v1/models (--reach)"
+    assert [r["ok"] for r in data["reach"]] == [True, True] and data["reach"][1]["max_model_len"] == 512
+
+
+def test_reach_says_each_unreachable_or_refusing_server_in_one_line(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    auto = Replay("auto-8101")
+    auto.routes[("GET", "/health")] = lambda r: httpx.Response(401, json={"error": "invalid api key"})
+    _reach_through(monkeypatch, {"127.0.0.1:8101": auto})  # nothing listens on 8102
+    result = check(str(write(tmp_path, SERVERS)), "--reach")
+    assert result.exit_code == 2 and result.stdout == ""
+    lines = error_lines(result)
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("error: auto: HTTP 401 /health") and "check the API key" in lines[0]
+    assert lines[1].startswith("error: fp8: cannot reach http://127.0.0.1:8102/health")
+    assert SECRET not in result.output
+
+
+def test_reach_refuses_a_model_the_server_does_not_serve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _reach_through(monkeypatch, {"127.0.0.1:8101": Replay("auto-8101"), "127.0.0.1:8102": Replay("fp8-8102")})
+    text = SERVERS.replace('role = "candidate"', 'role = "candidate"\nmodel = "not-served"')
+    result = check(str(write(tmp_path, text)), "--reach")
+    assert result.exit_code == 2
+    (line,) = error_lines(result)
+    assert line.startswith("error: fp8: model 'not-served' (servers.toml) is not among /v1/models")
