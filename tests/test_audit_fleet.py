@@ -215,3 +215,9 @@ def test_watch_in_json(replayed: MultiReplay, monkeypatch: pytest.MonkeyPatch) -
 def test_a_watch_it_cannot_use_is_one_line_and_exit_2(given: str, said: str) -> None:
     result = CliRunner().invoke(cli.main, ["audit", "--watch", given, "http://127.0.0.1:8101"])
     assert result.exit_code == 2 and f"error: {said}" in result.stderr
+
+
+def test_max_num_seqs_caps_the_estimate_where_server_info_shows_it() -> None:
+    dev, fp8, _ = inventories("cpu")
+    assert audit_cli.max_num_seqs(dev) == 128  # the dev-mode capture's scheduler_config
+    assert audit_cli.max_num_seqs(fp8) is None  # no /server_info
