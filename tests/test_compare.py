@@ -1,0 +1,188 @@
+"""`kvprobe compare A B` on the recorded AVX2 demo run (tests/fixtures/runs/amd-avx2-demo, signed by the demo's
+key): with itself nothing changed (exit 0); against a copy whose evidence was edited, decided again under its own
+rules and re-signed with a test key, the regression is named (exit 1); a verdict that does not verify cannot be
+compared (exit 2) unless --unsigned says so."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from click.testing import CliRunner, Result
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from recorded import RUNS
+
+from kvprobe.cli import main
+from kvprobe.compare import _binary, _continuous, paired_line
+from kvprobe.sign import SigningKey, allowed_signers_line, parse_signature, sign_file
+from kvprobe.verdict import INPUT_KEYS, OLDER_RULES, RULES, decide, verdict_bytes
+
+DEMO = RUNS / "amd-avx2-demo"
+CAND = "bfloat16"
+TEST_KEY = SigningKey(Ed25519PrivateKey.generate(), "test key")
+
+
+@pytest.fixture
+def allowed(tmp_path: Path) -> Path:
+    """The demo's own key (the one its signature carries) and the test key that signs the edited copies."""
+    demo = parse_signature((DEMO / "verdict.json.sig").read_text())
+    path = tmp_path / "allowed_signers"
+    path.write_text(f'demo namespaces="kvprobe-verdict" {demo.public_line}\n'
+                    + allowed_signers_line("tester", TEST_KEY.key.public_key()) + "\n")
+    return path
+
+
+def compare(*args: Any) -> Result:
+    return CliRunner().invoke(main, ["compare", *map(str, args)], catch_exceptions=False)
+
+
+def edited(tmp_path: Path, edit: Any, name: str = "B", sign: bool = True) -> Path:
+    """A copy of the demo verdict with `edit` applied to its evidence, decided again under the rules it was
+    written with (so it verifies), written alone (no run directory beside it) and signed by the test key."""
+    verdict = orjson.loads((DEMO / "verdict.json").read_bytes())
+    edit(verdict)
+    decide_under = decide if verdict["rules"] == RULES else OLDER_RULES[verdict["rules"]][1]
+    verdict.update(decide_under({k: verdict[k] for k in INPUT_KEYS}))
+    path = tmp_path / name / "verdict.json"
+    path.parent.mkdir()
+    path.write_bytes(verdict_bytes(verdict))
+    if sign:
+        sign_file(path, TEST_KEY)
+    return path
+
+
+def cut_qa_answers(verdict: dict) -> None:
+    """bfloat16 runs 20 of the 40 QA answers to the cap (two of them were its only right answers but one)."""
+    rows = verdict["probes"]["tasks"]["tasks"]["kvprobe_qa"]["servers"][CAND]["rows"]
+    for row in rows[:20]:
+        row[1], row[2] = 0.0, True
+
+
+def broke(verdict: dict) -> None:
+    verdict["broken"][CAND] = f"{CAND}: cannot reach http://127.0.0.1:8102/v1/chat/completions: ReadError"
+
+
+def test_a_run_compared_with_itself_changed_nothing(allowed: Path) -> None:
+    result = compare(DEMO, DEMO / "verdict.json", "--allowed-signers", allowed)
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "A: " in out and "signed by SHA256:" in out and "decisions re-derived" in out
+    assert f"{CAND}: decision reject -> reject; capacity 2.00x -> 2.00x (1,048,576 -> 1,048,576 KV tokens)" in out
+    assert "25 check(s) unchanged" in out
+    assert "paired needle hits (40 in both runs): 3/40 -> 3/40, change +0.000 [-0.088, +0.088] (Tango)" in out
+    assert "16/16 identical" in out
+    assert out.rstrip().endswith("no regression: nothing changed (decisions, capacities, every check's outcome and "
+                                 "value)")
+
+
+def test_the_comparison_as_json(allowed: Path) -> None:
+    result = compare(DEMO, DEMO, "--allowed-signers", allowed, "--json")
+    assert result.exit_code == 0
+    data = json.loads(result.stdout)
+    assert set(data) == {"a", "b", "reference", "knob", "exit_code", "recommendation", "candidates", "paired",
+                         "drift", "notes", "changed", "regressions", "exit"}
+    assert data["a"]["verified"] is True and data["a"]["rules"] == "kvprobe.rules/3"
+    assert data["a"]["signer"].startswith("SHA256:") and data["a"]["run"] == "20261203T121215Z-b9a42a"
+    assert data["reference"] == "auto" and data["knob"] == "kv_cache_dtype"
+    assert data["changed"] is False and data["regressions"] == [] and data["exit"] == 0 and data["drift"] == []
+    cand = data["candidates"][CAND]
+    assert cand["decision"] == {"a": "reject", "b": "reject", "changed": False, "worse": False}
+    assert cand["capacity_ratio"] == {"a": 2.0, "b": 2.0, "changed": False}
+    assert cand["checks"] == [] and cand["unchanged_checks"] == 25 and cand["regressions"] == []
+    rows = {(r["server"], r["evidence"]): r for r in data["paired"]}
+    needles = rows[(CAND, "needle hits")]
+    assert needles["pairs"] == 40 and needles["difference"] == 0.0 and needles["method"] == "tango"
+    assert needles["lost"] == needles["gained"] == 0 and needles["p"] == 1.0
+    ppl = rows[(CAND, "perplexity delta per passage (byte)")]
+    assert ppl["pairs"] == 16 and ppl["identical"] == 16 and ppl["interval"] == [0.0, 0.0] and ppl["df"] == 15
+    assert rows[("auto", "loglikelihood per unit, per passage")]["identical"] == 16
+    assert rows[(CAND, "kvprobe_qa exact_match")]["pairs"] == 40
+
+
+def test_an_edited_check_resigned_by_a_test_key_is_a_regression_named(allowed: Path, tmp_path: Path) -> None:
+    b = edited(tmp_path, cut_qa_answers)
+    result = compare(DEMO, b, "--allowed-signers", allowed)
+    assert result.exit_code == 1, result.output
+    out = result.stdout
+    assert "B: " in out and f"signed by {TEST_KEY.fingerprint}" in out
+    assert "regression: bfloat16: tasks.kvprobe_qa.truncation_rise pass -> fail" in out
+    line = next(x for x in out.splitlines() if x.strip().startswith("tasks.kvprobe_qa.truncation_rise:"))
+    assert "pass +0.0000" in line and "-> fail +0.4750" in line and line.endswith("REGRESSION")
+    # the decision was reject before and after: the check is what regressed
+    assert f"{CAND}: decision reject -> reject" in out
+    # the same documents, paired: two of its three right answers were among those cut
+    assert "paired kvprobe_qa exact_match (40 in both runs): 3/40 -> 1/40, change -0.050" in out
+    assert "2 lost, 0 gained" in out
+    data = json.loads(compare(DEMO, b, "--allowed-signers", allowed, "--json").stdout)
+    (check,) = [c for c in data["candidates"][CAND]["checks"] if c["regression"]]
+    assert check["id"] == "tasks.kvprobe_qa.truncation_rise" and check["direction"] == "worse"
+    assert check["a"]["outcome"] == "pass" and check["b"]["outcome"] == "fail"
+    assert data["regressions"] == ["bfloat16: tasks.kvprobe_qa.truncation_rise pass -> fail"]
+
+
+def test_a_worse_decision_is_a_regression_and_a_better_one_is_not(allowed: Path, tmp_path: Path) -> None:
+    b = edited(tmp_path, broke)
+    worse = compare(DEMO, b, "--allowed-signers", allowed)
+    assert worse.exit_code == 1, worse.output
+    assert "bfloat16: decision reject -> broken" in worse.stdout
+    assert "regression: bfloat16: decision reject -> broken" in worse.stdout
+    better = compare(b, DEMO, "--allowed-signers", allowed)
+    assert better.exit_code == 0, better.output
+    assert "bfloat16: decision broken -> reject" in better.stdout and "\nregression:" not in better.stdout
+    assert "no regression: some figures moved" in better.stdout
+
+
+def test_an_unsigned_verdict_cannot_be_compared_unless_unsigned_is_said(allowed: Path, tmp_path: Path) -> None:
+    b = edited(tmp_path, cut_qa_answers, sign=False)
+    refused = compare(DEMO, b, "--allowed-signers", allowed)
+    assert refused.exit_code == 2 and refused.stdout == ""
+    (line,) = refused.stderr.strip().splitlines()
+    assert line.startswith(f"error: B {b}: ") and "no signature" in line and "--unsigned" in line
+    taken = compare(DEMO, b, "--allowed-signers", allowed, "--unsigned")
+    assert taken.exit_code == 1, taken.output
+    assert "B: " in taken.stdout and "NOT VERIFIED (--unsigned)" in taken.stdout
+    assert "its decisions follow from its numbers" in taken.stdout
+    assert "note: B is not verified (--unsigned)" in taken.stdout
+    assert "regression: bfloat16: tasks.kvprobe_qa.truncation_rise pass -> fail" in taken.stdout
+
+
+def test_a_tampered_verdict_is_one_line_and_exit_2(allowed: Path, tmp_path: Path) -> None:
+    b = edited(tmp_path, lambda v: None)
+    b.write_bytes(b.read_bytes().replace(b'"exit_code": 1', b'"exit_code": 0', 1))
+    result = compare(DEMO, b, "--allowed-signers", allowed)
+    assert result.exit_code == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert "changed after it was signed" in line
+    # the demo's key is not trusted by default: its signature is no evidence there
+    untrusted = compare(DEMO, DEMO, "--allowed-signers", tmp_path / "none")
+    assert untrusted.exit_code == 2 and len(untrusted.stderr.strip().splitlines()) == 1
+
+
+def test_other_comparisons_cannot_be_compared(allowed: Path, tmp_path: Path) -> None:
+    def other_reference(v: dict) -> None:
+        v["reference"] = "bf16"
+
+    b = edited(tmp_path, other_reference, sign=False)
+    result = compare(DEMO, b, "--allowed-signers", allowed, "--unsigned")
+    assert result.exit_code == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert "cannot compare: A's reference is 'auto', B's is 'bf16'" in line
+    missing = compare(DEMO, tmp_path / "nowhere", "--allowed-signers", allowed)
+    assert missing.exit_code == 2 and "no verdict.json there" in missing.stderr
+
+
+def test_paired_intervals_stay_honest_at_small_n() -> None:
+    none = _binary("c", "needle hits", [])
+    assert none["difference"] is None and "nothing to pair" in paired_line(none)
+    one = _binary("c", "needle hits", [(1, 0)])
+    lo, hi = one["interval"]
+    assert one["difference"] == -1.0 and lo == -1.0 and hi > 0  # one lost needle shows nothing either way
+    assert one["p"] == 1.0
+    single = _continuous("c", "perplexity delta per passage (byte)", [(1.0, 2.0)], "points")
+    assert single["interval"] is None and "no interval from 1 pair" in paired_line(single)
+    two = _continuous("c", "perplexity delta per passage (byte)", [(1.0, 2.0), (1.0, 3.0)], "points")
+    assert two["df"] == 1 and two["interval"][0] < 0 < two["interval"][1] and math.isclose(two["difference"], 1.5)
