@@ -546,7 +546,7 @@ def describe(data: dict[str, Any]) -> list[str]:
     if mml["source"]:
         values = sorted({v for v in (mml["per_server"] or {}).values() if v})
         shown = ", ".join(_n(v) for v in values)
-        lines.append(f"max_model_len: {shown} ({mml['source']}): the probe settings were checked against it")
+        lines.append(f"max_model_len: {shown}, from {mml['source']}: the probe settings were checked against it")
     else:
         lines.append("max_model_len: not known, so whether the probe settings fit the servers is not checked "
                      "(give --max-model-len, or --reach to read it from /v1/models)")
