@@ -158,9 +158,12 @@ def _first_measurement(events: Path) -> bool:
     return False
 
 
-def test_a_killed_and_resumed_run_reaches_the_same_decisions(full_run, servers_file, env, tmp_path):
-    full, _, probes = full_run
-    out = tmp_path / "killed"
+@pytest.fixture(scope="module")
+def killed_and_resumed(full_run, servers_file, env, tmp_path_factory):
+    """The full run's twin, killed after its first measurement and finished with --resume: a module fixture,
+    so `compare` can read it beside the full run."""
+    _, _, probes = full_run
+    out = tmp_path_factory.mktemp("runs") / "killed"
     proc = subprocess.Popen([sys.executable, "-m", "kvprobe.cli", "eval", "--servers", str(servers_file),
                              "--out", str(out), "--probes", probes], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
@@ -176,14 +179,48 @@ def test_a_killed_and_resumed_run_reaches_the_same_decisions(full_run, servers_f
     os.killpg(proc.pid, signal.SIGKILL)
     assert proc.wait(timeout=30) == -signal.SIGKILL, "the run finished before it could be killed"
     assert not (out / "verdict.json").exists()
-
     resumed = kvprobe("eval", "--servers", str(servers_file), "--resume", str(out), env=env)
+    return out, resumed
+
+
+def test_a_killed_and_resumed_run_reaches_the_same_decisions(full_run, killed_and_resumed, env):
+    full, _, probes = full_run
+    out, resumed = killed_and_resumed
     assert resumed.returncode in (0, 1), resumed.stderr
     assert "(resumed)" in resumed.stderr
     meta = orjson.loads((out / "run.json").read_bytes())
     assert len(meta["resumed"]) == 1 and meta["probes"] == probes.split(",")
     assert decisions(out) == decisions(full)
     assert kvprobe("verify", str(out), env=env, timeout=120).returncode == 0
+
+
+def test_compare_the_full_run_with_its_killed_and_resumed_twin(full_run, killed_and_resumed, env):
+    """Two real signed runs of the same servers and settings: compare verifies both, finds the same decisions
+    and capacities, and pairs the needle cases both asked (the same plan, so every one of them)."""
+    full, _, probes = full_run
+    out, resumed = killed_and_resumed
+    assert resumed.returncode in (0, 1), resumed.stderr
+    result = kvprobe("compare", str(full), str(out), "--json", env=env, timeout=300)
+    assert result.returncode in (0, 1), result.stderr
+    data = orjson.loads(result.stdout)
+    assert data["a"]["verified"] is True and data["b"]["verified"] is True
+    assert data["reference"] == "auto" and data["knob"] == "kv_cache_dtype"
+    for cand, c in data["candidates"].items():
+        assert not c["decision"]["changed"] and not c["decision"]["worse"], (cand, c["decision"])
+        assert c["capacity_ratio"] == {"a": 2.0, "b": 2.0, "changed": False}
+    # Same decisions, so a regression can only be a noisy check of a candidate rejected in both runs
+    # (a pass -> fail anywhere else would have changed its decision); exit 1 says exactly that.
+    assert result.returncode == (1 if data["regressions"] else 0)
+    for line in data["regressions"]:
+        cand = line.split(":")[0]
+        assert line.endswith("pass -> fail") and data["candidates"][cand]["decision"]["a"] == "reject", line
+    if "needle" in probes.split(","):
+        needle_rows = [r for r in data["paired"] if r["evidence"] == "needle hits"]
+        assert needle_rows and all(r["pairs"] == CANARY_NEEDLE["count"] and not r["note"] for r in needle_rows)
+    text = kvprobe("compare", str(full), str(out), env=env, timeout=300)
+    assert text.returncode == result.returncode
+    assert "signed by" in text.stdout and "decisions re-derived" in text.stdout
+    assert ("no regression:" in text.stdout) == (result.returncode == 0)
 
 
 def test_resume_refuses_a_changed_servers_file(full_run, servers_file, env, tmp_path):
