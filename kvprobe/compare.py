@@ -372,7 +372,7 @@ def compare(a: Side, b: Side) -> dict[str, Any]:
     return {
         "a": a.as_dict(), "b": b.as_dict(),
         "reference": ref, "knob": _knob(va),
-        "exit_code": {"a": va.get("exit_code"), "b": vb.get("exit_code")},
+        "verdict_exit_code": _pair(va.get("exit_code"), vb.get("exit_code")),
         "recommendation": _pair((va.get("recommendation") or {}).get("server"),
                                 (vb.get("recommendation") or {}).get("server")),
         "candidates": per,
@@ -434,8 +434,8 @@ def describe(result: dict[str, Any]) -> list[str]:
     for label in ("a", "b"):
         side = result[label]
         lines.append(f"{label.upper()}: {side['path']}: {side['how']}; {side['rules']}, run {side['run']}")
-    lines.append(f"comparison: reference {result['reference']}, knob {result['knob']}; exit code "
-                 f"{result['exit_code']['a']} -> {result['exit_code']['b']}; recommendation "
+    lines.append(f"comparison: reference {result['reference']}, knob {result['knob']}; the verdicts' exit code "
+                 f"{result['verdict_exit_code']['a']} -> {result['verdict_exit_code']['b']}; recommendation "
                  f"{result['recommendation']['a']} -> {result['recommendation']['b']}")
     lines += [f"note: {n}" for n in result["notes"]]
     paired = result["paired"]

@@ -156,8 +156,10 @@ def preflight_problems(config: Config, probes: list[str]) -> tuple[dict[str, Any
             found[name] = check(config)
         except ConfigError as exc:
             problems += exc.problems
+            found[name] = None  # failed: its fit check would only say the same again
         except KvprobeError as exc:
             problems.append(str(exc))
+            found[name] = None
     return found, problems
 
 
@@ -441,7 +443,8 @@ def build_plan(config: Config, source: str, probes: str | None = None, max_model
     if reached:
         problems += [r.error for r in reached if not r.ok and r.error]
     context = context_of(config, max_model_len, reached, model)
-    not_measured, fit_problems = fit(config, chosen, context)
+    failed = [p for p, got in found.items() if got is None]
+    not_measured, fit_problems = fit(config, [p for p in chosen if p not in failed], context)
     problems += fit_problems
     runnable = [p for p in chosen if p not in not_measured]
     sizes = probe_settings(config, chosen, context, found) if not problems else {}

@@ -143,7 +143,9 @@ def test_the_model_configs_context_bounds_what_a_server_of_it_can_serve(tmp_path
      ["server[0].api_key_env: environment variable KVPROBE_CHECK_UNSET is not set"]),
     ('model_config = "no/such/config.json"\n' + SERVERS, [],
      ["no/such/config.json: no such file: give the model's Hugging Face config.json"]),
-    ('[tasks]\nnames = ["no_such_task"]\n' + SERVERS, [], ["tasks: 'no_such_task': no such lm-eval task"]),
+    # said once: the tasks probe's fit check, which loads the task again, is not asked
+    ('[tasks]\nnames = ["no_such_task"]\n' + SERVERS, ["--max-model-len", "8192"],
+     ["tasks: 'no_such_task': no such lm-eval task"]),
     ("[needle]\nmax_tokens = 1024\n[load]\nturns = 8\n" + SERVERS, ["--max-model-len", "512"],
      ["needle.max_tokens = 1024 leaves 0 tokens for the prompt within max_model_len 512",
       "load: shape 'default': the last turn needs about"]),

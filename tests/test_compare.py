@@ -83,8 +83,9 @@ def test_the_comparison_as_json(allowed: Path) -> None:
     result = compare(DEMO, DEMO, "--allowed-signers", allowed, "--json")
     assert result.exit_code == 0
     data = json.loads(result.stdout)
-    assert set(data) == {"a", "b", "reference", "knob", "exit_code", "recommendation", "candidates", "paired",
+    assert set(data) == {"a", "b", "reference", "knob", "verdict_exit_code", "recommendation", "candidates", "paired",
                          "drift", "notes", "changed", "regressions", "exit"}
+    assert data["verdict_exit_code"] == {"a": 1, "b": 1, "changed": False}
     assert data["a"]["verified"] is True and data["a"]["rules"] == "kvprobe.rules/3"
     assert data["a"]["signer"].startswith("SHA256:") and data["a"]["run"] == "20261203T121215Z-b9a42a"
     assert data["reference"] == "auto" and data["knob"] == "kv_cache_dtype"
