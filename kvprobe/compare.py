@@ -262,7 +262,7 @@ def paired_perplexity(a: dict[str, Any], b: dict[str, Any], cand: str) -> dict[s
         delta_a = math.expm1((ra[doc][0] - pa[doc][0]) / pa[doc][1])
         delta_b = math.expm1((rb[doc][0] - pb[doc][0]) / pb[doc][1])
         pairs.append((delta_a * 100, delta_b * 100))
-    return _continuous(cand, f"perplexity delta per passage ({unit_a})", pairs, "points")
+    return _continuous(cand, f"{unit_a} perplexity delta per passage", pairs, "points")
 
 
 def reference_passages(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None:

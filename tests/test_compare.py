@@ -98,7 +98,7 @@ def test_the_comparison_as_json(allowed: Path) -> None:
     needles = rows[(CAND, "needle hits")]
     assert needles["pairs"] == 40 and needles["difference"] == 0.0 and needles["method"] == "tango"
     assert needles["lost"] == needles["gained"] == 0 and needles["p"] == 1.0
-    ppl = rows[(CAND, "perplexity delta per passage (byte)")]
+    ppl = rows[(CAND, "byte perplexity delta per passage")]
     assert ppl["pairs"] == 16 and ppl["identical"] == 16 and ppl["interval"] == [0.0, 0.0] and ppl["df"] == 15
     assert rows[("auto", "loglikelihood per unit, per passage")]["identical"] == 16
     assert rows[(CAND, "kvprobe_qa exact_match")]["pairs"] == 40

@@ -25,7 +25,9 @@ def compare_cmd(a: Path, b: Path, allowed_signers: Path | None, unsigned: bool, 
     """Compare two runs (run directories or verdict.json files) of the same comparison: each candidate's
     decision, capacity and checks A -> B, and the paired change on the cases both measured.
 
-    Exit 0 no regression, 1 a regression (a decision worse in B, or a check pass -> fail), 2 cannot compare."""
+    Exit 0 no regression, 1 a regression (a decision worse in B, a candidate decided in A missing from B, or a
+    check pass -> fail), 2 cannot compare (a verdict that does not verify without --unsigned, another reference
+    or knob)."""
     from kvprobe.compare import compare, describe, load_side
 
     try:
