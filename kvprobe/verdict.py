@@ -33,8 +33,13 @@ from kvprobe.evidence import gather
 from kvprobe.knob import DEFAULT as DEFAULT_KNOB
 from kvprobe.store import RunDir, dumps
 
-SCHEMA = "kvprobe.verdict/2"
-# 2: power figures on every measured check, and the task-accuracy bar.
+SCHEMA = "kvprobe.verdict/3"
+# Schema 3: beside the words that say the same, a check's case as typed fields (case_fields), the cases a speed
+#    endpoint averages over (scope_cases), and the client-limited blocks a speed check dropped with why
+#    (dropped_client_limited, client_limited_reason).
+SCHEMA_2 = "kvprobe.verdict/2"
+
+# Rules 2: power figures on every measured check, and the task-accuracy bar.
 # 3: answers cut at the cap or failed are outcomes (scored as wrong, both-unanswered left out and counted),
 #    a bar on the rise in answers cut at the cap, a minimum share of scored pairs; Tango's score interval for
 #    paired 0/1 outcomes, t intervals over passages with the reference's run-to-run noise in the perplexity
@@ -47,7 +52,9 @@ RULES = "kvprobe.rules/4"
 RULES_3 = "kvprobe.rules/3"
 # Verdicts written under earlier rules are re-derived under their own (kvprobe verify).
 OLDER_RULES = {rules_v2.RULES: (rules_v2.SCHEMA, rules_v2.decide),
-               RULES_3: (SCHEMA, lambda inputs: decide(inputs, RULES3_PROBES))}
+               RULES_3: (SCHEMA_2, lambda inputs: decide(inputs, RULES3_PROBES, structured=False))}
+# The current rules written in an earlier schema: the same decisions, signed without the fields schema 3 added.
+OLDER_SCHEMAS = {SCHEMA_2: lambda inputs: decide(inputs, structured=False)}
 DECISIONS = ("invalid", "broken", "reject", "no_gain", "inconclusive", "adopt")
 INPUT_KEYS = ("reference", "order", "bars", "servers", "pin", "broken", "probes", "probes_status")
 DERIVED_KEYS = ("decisions", "recommendation", "exit_code")
@@ -64,7 +71,8 @@ def _broken(base: dict[str, Any], checks: list[dict[str, Any]], why: str) -> dic
     return base | {"decision": "broken", "checks": checks, "reasons": reasons}
 
 
-def _decide_candidate(inputs: dict[str, Any], cand: str, bars: Bars, probes: dict[str, Any] | None) -> dict[str, Any]:
+def _decide_candidate(inputs: dict[str, Any], cand: str, bars: Bars, probes: dict[str, Any] | None,
+                      structured: bool) -> dict[str, Any]:
     ref = inputs["reference"]
     server = inputs["servers"].get(cand) or {}
     pin = inputs.get("pin") or {}
@@ -77,7 +85,7 @@ def _decide_candidate(inputs: dict[str, Any], cand: str, bars: Bars, probes: dic
         return base | {"decision": "invalid",
                        "reasons": [f"servers differ in more than the knob under test ({knob}): " + d["text"]
                                    for d in differences]}
-    checks = judge(inputs, cand, bars, probes)
+    checks = judge(inputs, cand, bars, probes, structured=structured)
     if server.get("status") not in (None, "ok"):
         return _broken(base, checks, f"{cand} could not serve ({server.get('status')}): "
                                      f"{server.get('error') or 'no detail'}")
@@ -143,14 +151,15 @@ def _counts_against(inputs: dict[str, Any], decision: dict[str, Any]) -> bool:
                for c in decision["checks"] if gating(c)) or decision.get("capacity_gain") is None
 
 
-def decide(inputs: dict[str, Any], probes: dict[str, Any] | None = None) -> dict[str, Any]:
+def decide(inputs: dict[str, Any], probes: dict[str, Any] | None = None, *, structured: bool = True
+           ) -> dict[str, Any]:
     """The decisions, the recommendation and the exit code from the inputs alone. `probes`: the check
-    functions of older rules."""
+    functions of older rules; `structured`: False for a verdict of a schema before 3."""
     bars = Bars.model_validate(inputs.get("bars") or {})
     ref = inputs["reference"]
     order = list(inputs.get("order") or inputs["servers"])
     candidates = [n for n in order if n != ref and (inputs["servers"].get(n) or {}).get("role") != "reference"]
-    decisions = {c: _decide_candidate(inputs, c, bars, probes) for c in candidates}
+    decisions = {c: _decide_candidate(inputs, c, bars, probes, structured) for c in candidates}
 
     adopted = [c for c in candidates if decisions[c]["decision"] == "adopt"]
     if adopted:
@@ -236,10 +245,13 @@ def rederive(verdict: dict[str, Any]) -> list[str]:
     rules, schema = verdict.get("rules"), verdict.get("schema")
     if rules == RULES and schema == SCHEMA:
         decide_under = decide
+    elif rules == RULES and schema in OLDER_SCHEMAS:
+        decide_under = OLDER_SCHEMAS[schema]
     elif rules in OLDER_RULES and OLDER_RULES[rules][0] == schema:
         decide_under = OLDER_RULES[rules][1]
     else:
-        known = ", ".join(sorted([f"{SCHEMA} / {RULES}", *(f"{s} / {r}" for r, (s, _) in OLDER_RULES.items())]))
+        known = ", ".join(sorted([f"{SCHEMA} / {RULES}", *(f"{s} / {RULES}" for s in OLDER_SCHEMAS),
+                                  *(f"{s} / {r}" for r, (s, _) in OLDER_RULES.items())]))
         return [f"verdict schema {schema!r} / rules {rules!r}: this kvprobe re-derives {known} only"]
     missing = [k for k in (*INPUT_KEYS, *DERIVED_KEYS) if k not in verdict]
     if missing:

@@ -117,5 +117,5 @@ def test_on_amd_avx2_the_wrecking_2x_is_rejected_naming_misses_and_answers_cut(t
 @pytest.mark.parametrize("name", ["xeon-amx-demo", "h200-gpu", "h200-gpu-hybrid-kv", "h200-gpu-hybrid-ssm"])
 def test_the_rejudged_verdict_rederives(name: str, tmp_path) -> None:
     _, verdict = rejudge(name, tmp_path)
-    assert verdict["rules"] == "kvprobe.rules/4" and verdict["schema"] == "kvprobe.verdict/2"
+    assert verdict["rules"] == "kvprobe.rules/4" and verdict["schema"] == "kvprobe.verdict/3"
     assert rederive(orjson.loads(verdict_bytes(verdict))) == []

@@ -17,8 +17,8 @@ from kvprobe.checks.answers import needle_checks, task_checks
 from kvprobe.checks.quality import agreement_checks, perplexity_check
 from kvprobe.checks.speed import case_key, load_checks, natural_order, runs_by_case
 
-__all__ = ["METHOD", "MIN_PASSAGES", "MIN_SCORED_SHARE", "RULES3_PROBES", "capacity_of", "case_key", "gating",
-           "judge", "judge_probe", "live_checks", "natural_order", "pct", "runs_by_case"]
+__all__ = ["METHOD", "MIN_PASSAGES", "MIN_SCORED_SHARE", "RULES3_PROBES", "STRUCTURED_KEYS", "capacity_of", "case_key",
+           "gating", "judge", "judge_probe", "live_checks", "natural_order", "pct", "runs_by_case"]
 
 METHOD = {
     "interval_rule": "pass: the whole 95% interval within the bar; fail: the whole interval beyond it; else "
@@ -53,6 +53,12 @@ _PROBES = {
 # rules/3 judged speed per case with Welch intervals; everything else is as today.
 RULES3_PROBES = {**_PROBES, "load": speed_rules3.load_checks}
 
+# Fields a check carries from verdict schema 3 on, beside the words that say the same: a case as typed
+# fields, the cases an endpoint averages over, and the client-limited blocks a speed check dropped, with
+# why. A verdict of an earlier schema was signed without them, so `judge(structured=False)` leaves them
+# out to re-derive its bytes.
+STRUCTURED_KEYS = ("case_fields", "scope_cases", "dropped_client_limited", "client_limited_reason")
+
 
 def gating(check: dict[str, Any]) -> bool:
     """A check that can hold a candidate back from adopt (a guardrail can only reject it)."""
@@ -77,11 +83,15 @@ def live_checks(probe: str, summary: dict[str, Any], reference: str, candidates:
     return {cand: judge_probe(probe, inputs, cand, bars) for cand in candidates if cand != reference}
 
 
-def judge(inputs: dict[str, Any], cand: str, bars: Any, probes: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def judge(inputs: dict[str, Any], cand: str, bars: Any, probes: dict[str, Any] | None = None, *,
+          structured: bool = True) -> list[dict[str, Any]]:
     """Every check of one candidate, with `needed` sized for its whole family of gating checks.
-    `probes`: the check functions of older rules (RULES3_PROBES), for `kvprobe verify`."""
+    `probes`: the check functions of older rules (RULES3_PROBES), for `kvprobe verify`; `structured`:
+    False for a verdict of a schema before STRUCTURED_KEYS."""
     probes = probes or _PROBES
     checks = [c for probe in probes for c in probes[probe](inputs, cand, bars)]
+    if not structured:
+        checks = [{k: v for k, v in c.items() if k not in STRUCTURED_KEYS} for c in checks]
     family = sum(c["outcome"] != "not_measured" and gating(c) for c in checks)
     for check in checks:
         block = check.get("power")

@@ -279,4 +279,7 @@ def task_checks(inputs: dict[str, Any], cand: str, bars: Any) -> list[dict[str, 
         out.append(cut_check(p, check_id=f"tasks.{task}.truncation_rise", probe="tasks", cand=cand,
                              limit=bars.truncation_rise_max, unit="documents", cap=cap, case=task,
                              label=f"{task} answers"))
+    for check in out:
+        # A task's case is its name; as a field too, so that `case_fields` reads the same for every probe.
+        check["case_fields"] = {"task": check["case"]}
     return out

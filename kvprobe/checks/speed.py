@@ -41,6 +41,16 @@ def case_key(case: dict[str, Any]) -> tuple[str, ...]:
     return tuple(parts)
 
 
+def case_fields(case: dict[str, Any]) -> dict[str, Any]:
+    """The parts of case_key as typed fields ({"shape": "default", "agents": 1}): a dashboard filters on
+    them without parsing the case's words."""
+    fields = {k: case[k] for k in ("shape", "name") if case.get(k) is not None}
+    fields["agents"] = case.get("agents")
+    if case.get("rate") is not None:
+        fields["rate"] = case["rate"]
+    return fields
+
+
 def runs_by_case(cases: list[dict[str, Any]]) -> dict[tuple[str, ...], list[dict[str, Any]]]:
     """Every run of each load case (a case's own repeats when it lists them, else the case itself),
     grouped by case_key."""
@@ -62,7 +72,6 @@ def natural_order(key: Iterable[str]) -> tuple[Any, ...]:
 
 
 def _limited(run: dict[str, Any], bars: Any) -> str | None:
-
     if not any(k.startswith("client_") and k != "client_limited_why" for k in run):
         return None  # recorded before kvprobe measured its client
     return limited(run, run, bars.p99_latency_rise_max, bars.throughput_drop_max)
@@ -72,7 +81,8 @@ class Blocks:
     """The paired runs of a reference and a candidate, by block (repeat index) and case."""
 
     def __init__(self, ref: dict[tuple[str, ...], list[dict[str, Any]]],
-                 cand: dict[tuple[str, ...], list[dict[str, Any]]], bars: Any) -> None:
+                 cand: dict[tuple[str, ...], list[dict[str, Any]]], bars: Any,
+                 names: tuple[str, str] = ("reference", "candidate")) -> None:
         def index(groups: dict[tuple[str, ...], list[dict[str, Any]]]) -> dict[tuple[tuple[str, ...], int], dict]:
             return {(key, int(run.get("repeat", i))): run for key, runs in groups.items()
                     for i, run in enumerate(runs)}
@@ -80,20 +90,30 @@ class Blocks:
         self.ref, self.cand = index(ref), index(cand)
         self.cases = sorted(set(ref) & set(cand), key=natural_order)
         self.bars = bars
-        # (case, block) whose latency figures the client could have moved on either server
-        self.limited = {(key, b) for (key, b), run in (*self.ref.items(), *self.cand.items())
-                        if key in self.cases and _limited(run, bars)}
+        # (case, block) whose latency figures the client could have moved on either server, with the
+        # first reason (the verdict carries it beside the count of blocks dropped)
+        self.limited: dict[tuple[tuple[str, ...], int], str] = {}
+        for name, runs in zip(names, (self.ref, self.cand), strict=True):
+            for (key, b), run in runs.items():
+                why = _limited(run, bars) if key in self.cases else None
+                if why and (key, b) not in self.limited:
+                    self.limited[(key, b)] = f"{name} block {b + 1} at {' '.join(key)}: {why}"
         # Throughput is paired, and a client's ordinary lateness is noise the paired t already carries: a
         # block is the client's only where it used a whole core, or sent turns so late (over a quarter of
         # the bar of a request's span) that it, not the server, set the pace.
-        self.limited_throughput = set()
+        self.limited_throughput: dict[tuple[tuple[str, ...], int], str] = {}
         for (key, b), ref_run in self.ref.items():
             cand_run = self.cand.get((key, b))
             if cand_run is None or key not in self.cases:
                 continue
-            effects = [throughput_effect(ref_run), throughput_effect(cand_run)]
-            if any(e is not None and e > 0.25 * bars.throughput_drop_max for e in effects):
-                self.limited_throughput.add((key, b))
+            for name, run in zip(names, (ref_run, cand_run), strict=True):
+                effect = throughput_effect(run)
+                if effect is not None and effect > 0.25 * bars.throughput_drop_max:
+                    self.limited_throughput[(key, b)] = f"{name} block {b + 1} at {' '.join(key)}: " + (
+                        "the client used a whole core" if math.isinf(effect) else
+                        f"the client sent turns {effect:.1%} of a request's median span late, over a quarter "
+                        f"of the {bars.throughput_drop_max:.0%} throughput bar")
+                    break
 
     def complete(self, scope: list[tuple[str, ...]]) -> list[int]:
         """Blocks with both servers' runs of every case in scope, in order."""
@@ -117,6 +137,15 @@ class Blocks:
             out.append(math.fsum(logs) / len(logs))
             used.append(b)
         return out, used, dropped
+
+    def dropped_reason(self, scope: list[tuple[str, ...]], key: str) -> str | None:
+        """Why the first block `losses` dropped was the client's, or None when none was."""
+        limited = self.limited_throughput if key == THROUGHPUT else self.limited
+        for b in self.complete(scope):
+            for k in scope:
+                if (k, b) in limited:
+                    return limited[(k, b)]
+        return None
 
 
 def _scope(load: dict[str, Any], cases: list[tuple[str, ...]]) -> tuple[list[tuple[str, ...]], str] | None:
@@ -190,8 +219,9 @@ def endpoint_check(check_id: str, bar_name: str, metric: str, losses: list[float
     return check
 
 
-def _guardrails(blocks: Blocks, bars: Any) -> list[dict[str, Any]]:
-    """Every case x metric, paired over the usable blocks; Holm over the family, at twice the bar."""
+def _guardrails(blocks: Blocks, bars: Any, fields: dict[tuple[str, ...], dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every case x metric, paired over the usable blocks; Holm over the family, at twice the bar.
+    `fields`: each case's case_fields."""
     rows = []
     for key in blocks.cases:
         case = " ".join(key)
@@ -202,7 +232,7 @@ def _guardrails(blocks: Blocks, bars: Any) -> list[dict[str, Any]]:
                    bars.p99_latency_rise_max, False) for k, label in P99_KEYS]
         for check_id, bar_name, metric, field, bar, drop in specs:
             losses, _, dropped = blocks.losses([key], field, drop=drop)
-            rows.append((check_id, bar_name, metric, case, bar, drop, losses, dropped))
+            rows.append((check_id, bar_name, metric, case, bar, drop, losses, dropped, key, field))
     family = [r for r in rows if len(r[6]) >= 2]  # r[6]: the usable block losses
     m = max(len(family), 1)
     alpha = sequential.ALPHA
@@ -221,13 +251,15 @@ def _guardrails(blocks: Blocks, bars: Any) -> list[dict[str, Any]]:
             break
         rejected.add(cid)
     out = []
-    for check_id, bar_name, metric, case, bar, drop, losses, dropped in rows:
+    for check_id, bar_name, metric, case, bar, drop, losses, dropped, key, field in rows:
         limit = GUARD_FACTOR * bar
         limited_text = f", {dropped} client-limited dropped" if dropped else ""
+        structured = {"case_fields": fields[key], "dropped_client_limited": dropped,
+                      "client_limited_reason": blocks.dropped_reason([key], field)}
         if check_id not in pvals:
             out.append(not_measured(check_id, bar_name, metric, "load",
                                     f"{len(losses)} usable paired block{'s' if len(losses) != 1 else ''} at {case}"
-                                    + limited_text, limit, case) | {"gating": False})
+                                    + limited_text, limit, case) | {"gating": False} | structured)
             continue
         mean, se, n, _ = pvals[check_id]
         half = t_quantile(1 - alpha / m, n - 1) * se if se > 0 else 0.0
@@ -241,7 +273,7 @@ def _guardrails(blocks: Blocks, bars: Any) -> list[dict[str, Any]]:
                 f"{pct(limit, False)} (2x the bar): {outcome}" + ("" if outcome == "fail" else ", never gates adopt"))
         out.append(make_check(check_id, bar_name, metric, "load", outcome, text, value=_loss_of(mean, drop),
                               interval=[_loss_of(lo, drop), _loss_of(hi, drop)], limit=limit, case=case,
-                              ratio=ratio, ratio_interval=[r_lo, r_hi], gating=False))
+                              ratio=ratio, ratio_interval=[r_lo, r_hi], gating=False, **structured))
     return out
 
 
@@ -254,8 +286,17 @@ def _p_above(diff: float, se: float, df: int) -> float:
     return float(student.sf(diff / se, df))
 
 
+# What a load check carries beside its words from verdict schema 3 on (kvprobe.checks.STRUCTURED_KEYS):
+# blocks dropped because the client, not the server, set the pace, and why the first one was.
+_NONE_DROPPED = {"dropped_client_limited": 0, "client_limited_reason": None}
+
+
 def load_checks(inputs: dict[str, Any], cand: str, bars: Any) -> list[dict[str, Any]]:
     """The primary endpoint(s), then the guardrails."""
+    return [_NONE_DROPPED | check for check in _load_checks(inputs, cand, bars)]
+
+
+def _load_checks(inputs: dict[str, Any], cand: str, bars: Any) -> list[dict[str, Any]]:
     probe = inputs["probes"].get("load")
     if probe is None:
         from kvprobe.checks._common import probe_missing
@@ -274,7 +315,9 @@ def load_checks(inputs: dict[str, Any], cand: str, bars: Any) -> list[dict[str, 
         who = inputs["reference"] if not ref_groups else cand
         return [not_measured("load.endpoint.throughput_drop", "throughput_drop_max", "throughput drop", "load",
                              f"no load cases for {who}", bars.throughput_drop_max)]
-    blocks = Blocks(ref_groups, cand_groups, bars)
+    blocks = Blocks(ref_groups, cand_groups, bars, (inputs["reference"], cand))
+    fields = {case_key(c): case_fields(c) for name in (inputs["reference"], cand)
+              for c in (servers.get(name) or {}).get("cases") or []}
     plan = sequential.of_settings(design)
     stop = (probe.get("stops") or {}).get(cand)
     out = []
@@ -285,18 +328,23 @@ def load_checks(inputs: dict[str, Any], cand: str, bars: Any) -> list[dict[str, 
                                 bars.throughput_drop_max))
     else:
         scope, scope_text = scoped
+        scope_cases = [fields[k] for k in scope]
         losses, _, dropped = blocks.losses(scope, THROUGHPUT, drop=True)
         out.append(endpoint_check("load.endpoint.throughput_drop", "throughput_drop_max",
                                   f"throughput drop, {scope_text}",
-                                  losses, dropped, scope_text, bars.throughput_drop_max, plan, drop=True, stop=stop))
+                                  losses, dropped, scope_text, bars.throughput_drop_max, plan, drop=True, stop=stop)
+                   | {"scope_cases": scope_cases, "dropped_client_limited": dropped,
+                      "client_limited_reason": blocks.dropped_reason(scope, THROUGHPUT)})
         latency = design.get("latency_endpoint")
         if latency:
             key, label = LATENCY_ENDPOINTS[latency]
             losses, _, dropped = blocks.losses(scope, key, drop=False)
             out.append(endpoint_check(f"load.endpoint.{latency}_rise", "p99_latency_rise_max",
                                       f"{label} rise, {scope_text}", losses, dropped, scope_text,
-                                      bars.p99_latency_rise_max, plan, drop=False, stop=stop))
-    out += _guardrails(blocks, bars)
+                                      bars.p99_latency_rise_max, plan, drop=False, stop=stop)
+                       | {"scope_cases": scope_cases, "dropped_client_limited": dropped,
+                          "client_limited_reason": blocks.dropped_reason(scope, key)})
+    out += _guardrails(blocks, bars, fields)
     if design.get("advisory"):
         # Declared before the run (a canary's --advisory-speed): reported, never deciding.
         for check in out:
