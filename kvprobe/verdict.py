@@ -32,11 +32,12 @@ from kvprobe.errors import EXIT_BAR_FAILED, EXIT_BROKEN, EXIT_INVALID, EXIT_OK
 from kvprobe.evidence import gather
 from kvprobe.knob import DEFAULT as DEFAULT_KNOB
 from kvprobe.store import RunDir, dumps
+from kvprobe.verdict_schema import check_written
 
 SCHEMA = "kvprobe.verdict/3"
 # Schema 3: beside the words that say the same, a check's case as typed fields (case_fields), the cases a speed
 #    endpoint averages over (scope_cases), and the client-limited blocks a speed check dropped with why
-#    (dropped_client_limited, client_limited_reason).
+#    (dropped_client_limited, client_limited_reason); published as JSON Schema (kvprobe.verdict_schema).
 SCHEMA_2 = "kvprobe.verdict/2"
 
 # Rules 2: power figures on every measured check, and the task-accuracy bar.
@@ -199,7 +200,9 @@ def _times(run: RunDir) -> dict[str, Any]:
 
 def build_verdict(run: RunDir) -> dict[str, Any]:
     """The verdict for a run directory: its inputs read from disk, then decided. The same directory
-    gives the same bytes (times come from the recorded events, not from the clock)."""
+    gives the same bytes (times come from the recorded events, not from the clock). Its bytes follow
+    the published schema (kvprobe.verdict_schema), else this raises: every verdict made, in a run or
+    a test, is checked against it."""
     meta = run.read_json("run.json")
     inputs = gather(run)
     verdict: dict[str, Any] = {
@@ -213,6 +216,7 @@ def build_verdict(run: RunDir) -> dict[str, Any]:
         **inputs,
     }
     verdict.update(decide(verdict))
+    check_written(verdict_bytes(verdict))
     return verdict
 
 

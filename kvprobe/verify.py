@@ -1,11 +1,13 @@
 """`kvprobe verify`: the signature holds, and the decisions follow from the recorded numbers.
 
-Three checks, each failing with one line that says what is wrong:
+Four checks, each failing with one line that says what is wrong:
 1. verdict.json.sig is a valid SSHSIG over the exact bytes of verdict.json, in the kvprobe-verdict
    namespace, by a key the allowed_signers file lists;
-2. the decisions, recommendation and exit code re-derived from the verdict's own numbers and bars
+2. verdict.json follows its own schema version (kvprobe.verdict_schema; the first field that does not
+   is named), so a consumer reading the published schema reads what was signed;
+3. the decisions, recommendation and exit code re-derived from the verdict's own numbers and bars
    equal the recorded ones;
-3. when the run directory is there, the verdict's numbers equal what its probe files say.
+4. when the run directory is there, the verdict's numbers equal what its probe files say.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from kvprobe.evidence import gather
 from kvprobe.sign import SignatureError, Signer, load_allowed_signers, verify
 from kvprobe.store import RunDir
 from kvprobe.verdict import INPUT_KEYS, RULES, rederive, same
+from kvprobe.verdict_schema import SchemaViolation, problems
 
 
 @dataclass
@@ -78,9 +81,14 @@ def verify_verdict(target: str | Path, allowed_signers: str | Path | None = None
         verdict = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise SignatureError(f"{path}: signed, but not JSON: {exc}") from None
-    problems = rederive(verdict)
-    if problems:
-        raise SignatureError(f"{path}: the decisions do not follow from the recorded numbers: " + "; ".join(problems))
+    violations = problems(data)
+    if violations:
+        more = f" (and {len(violations) - 1} more)" if len(violations) > 1 else ""
+        schema = verdict.get("schema") if isinstance(verdict, dict) else None
+        raise SchemaViolation(f"{path}: does not follow its schema {schema!r}: {violations[0]}{more}")
+    differ = rederive(verdict)
+    if differ:
+        raise SignatureError(f"{path}: the decisions do not follow from the recorded numbers: " + "; ".join(differ))
     result = Verified(path, verdict, signer, source)
     drift = check_against_run(path, verdict)
     if drift:
