@@ -382,6 +382,38 @@ def _reusable(spec: ServerSpec, tokens_needed: int = MODULE_TOKENS) -> LocalServ
     return LocalServer(spec, state["pid"], Path(state["log"]), reused=True)
 
 
+REFUSAL_TTL_S = 24 * 3600
+# What the engine raises when it rejects a spec on this machine as a matter of course ("FP8 KV cache on CPU
+# requires x86 with AVX-512 or AMX." is a NotImplementedError): remembered, so a rerun does not wait ~50 s
+# for the same answer. Anything else (out of memory, a killed process) may not happen twice.
+DETERMINISTIC_REFUSALS = ("NotImplementedError", "ValueError")
+
+
+def _refusal_path(spec: ServerSpec) -> Path:
+    """Where an engine's refusal of `spec` on this machine is kept: keyed by the spec, the CPU's flags and
+    the vLLM venv, which are what decide it (vLLM picks its kernels by the CPU)."""
+    try:
+        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
+    except OSError:
+        flags = ""
+    key = hashlib.sha256(f"{spec.digest()}|{flags}|{venv_python()}".encode()).hexdigest()[:16]
+    return home() / "run" / f"refused-{key}.json"
+
+
+def _recorded_refusal(spec: ServerSpec) -> StartRefused | None:
+    """The same spec refused on this machine within a day: the engine takes ~50 s to refuse again."""
+    path = _refusal_path(spec)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if time.time() - float(data.get("at", 0)) > REFUSAL_TTL_S:
+        return None
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(data["at"])))
+    return StartRefused(f"{data['message']}\n(recorded when this engine refused the same spec on this machine at "
+                        f"{when}; it was not started again)", data["reason"])
+
+
 def start(spec: ServerSpec, timeout_s: float = 600.0, reuse: bool = True,
           tokens_needed: int = MODULE_TOKENS) -> LocalServer:
     """Start (or reuse) a real vLLM server for `spec`; returns once /health answers and it is warm.
@@ -390,6 +422,9 @@ def start(spec: ServerSpec, timeout_s: float = 600.0, reuse: bool = True,
     with _locked(f"port-{spec.port}"):
         if reuse and (server := _reusable(spec, tokens_needed)):
             return server
+        if reuse and (refused := _recorded_refusal(spec)) is not None:
+            _log(f"not starting {spec.knobs} on {spec.url}: {refused.reason} (refused before on this machine)")
+            raise refused
         stop(spec.port)
         if not port_free(spec.port):
             raise LaunchError(f"port {spec.port} is in use by another program: pick another port")
@@ -432,8 +467,12 @@ def start(spec: ServerSpec, timeout_s: float = 600.0, reuse: bool = True,
                 _state_path(spec.port).unlink(missing_ok=True)
                 stop_group(proc.pid)  # the engine's children too
                 lines = log.read_text(errors="replace").strip().splitlines()
-                raise StartRefused(f"vLLM on port {spec.port} exited during startup:\n" + "\n".join(lines[-15:]),
-                                   engine_error(lines))
+                message = f"vLLM on port {spec.port} exited during startup:\n" + "\n".join(lines[-15:])
+                reason = engine_error(lines)
+                if reason.startswith(DETERMINISTIC_REFUSALS):  # not a crash or a full box: the same spec, the same no
+                    record = {"at": time.time(), "message": message, "reason": reason}
+                    _refusal_path(spec).write_text(json.dumps(record))
+                raise StartRefused(message, reason)
             if time.monotonic() - t0 > timeout_s:
                 stop(spec.port)
                 raise LaunchError(f"vLLM on port {spec.port} not healthy after {timeout_s:.0f} s (log: {log})")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,12 @@ def test_the_server_that_cannot_start_is_refused_with_the_engines_reason(bed: Te
     assert refused.value.reason == REFUSAL
     assert port_free(spec.port) and not healthy(spec.url)
     assert spec.port not in [row["port"] for row in status()]  # no state, no process group left
+    # remembered: the next start of the same spec on this machine (the demo's, below) says so at once
+    t0 = time.monotonic()
+    with pytest.raises(StartRefused) as again:
+        start(spec)
+    assert again.value.reason == REFUSAL and time.monotonic() - t0 < 5
+    assert "it was not started again" in str(again.value)
 
 
 def test_the_demo_evaluates_what_started_and_says_what_was_left_out(bed: Testbed, start_servers,
