@@ -68,6 +68,11 @@ metrics_interval_s = 0.1
     throughput = [c for c in verdict["decisions"]["fp8"]["checks"] if c["metric"] == "throughput drop"]
     assert [c["case"] for c in throughput] == ["shape=default agents=1", "shape=default agents=4"]
     for check in throughput:
+        if check["outcome"] == "not_measured":
+            # a block the client, not the server, paced is dropped (2 blocks here): then too few are left to pair,
+            # and the check says so rather than judging one block (seen in CI with other work on the box)
+            assert check["dropped_client_limited"] > 0 and "client-limited dropped" in check["text"], check
+            continue
         lo, hi = check["ratio_interval"]
         assert check["ratio"] > 0 and lo <= check["ratio"] <= hi
         assert check["outcome"] in ("pass", "fail", "inconclusive")
