@@ -26,7 +26,7 @@ from kvprobe.store import RunDir
 
 err_console = Console(stderr=True)
 # Tables wider than 80 columns stay readable when stdout is a pipe or a CI log.
-out_console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 120)
+out_console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 120)  # size_console()
 
 # How much a command prints of its results: "summary" (default: a few lines per candidate), "verbose" (the
 # full tables once, then the summary) or "quiet" (the decision lines only; the exit code says the rest).
@@ -42,10 +42,13 @@ def set_view(verbose: bool, quiet: bool) -> None:
 
 
 def size_console() -> None:
-    """COLUMNS, read when a command starts, not at import: an embedding caller may set it late."""
+    """COLUMNS, read when a command starts, not at import: an embedding caller may set it late (and a
+    previous command in the same process may have set another)."""
     columns = os.environ.get("COLUMNS", "")
     if columns.isdigit() and int(columns) > 0:
         out_console.width = int(columns)
+    else:
+        out_console.width = None if sys.stdout.isatty() else 120  # type: ignore[assignment]
 
 
 def run_console() -> Console:

@@ -280,7 +280,7 @@ async def test_probe_writes_load_json_and_resume_skips_finished_units(tmp_path: 
     assert {c["case"] for c in load_checks[1:]} == {"shape=default agents=1", "shape=default agents=2"}
     rows = list(run.events("load_request"))
     assert len(rows) == 2 * (1 + 2) * 2 * blocks and all(r["status"] == "ok" for r in rows)
-    assert "load: concurrent agents" in console.file.getvalue()
+    assert "load: fp8 throughput drop, sweep mean" in console.file.getvalue()  # the line the probe ends with
 
     # Blocks: every case on both servers back to back, the servers' order alternating block by block (a
     # Williams design) and the cases rotated, so drift and position hit both alike.

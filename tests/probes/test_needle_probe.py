@@ -92,7 +92,7 @@ async def test_needle_json_events_and_heatmaps(tmp_path) -> None:
         assert (run.path / data["heatmaps"][name]).read_bytes().startswith(PNG)
     assert (run.path / data["heatmaps"]["int8 vs auto"]).read_bytes().startswith(PNG)
     assert run.read_json("needle/cases.json")["plan"] == data["plan"]
-    assert "needle retrieval" in printed and "fail" in printed
+    assert "needle: int8 needle recall drop" in printed and "fail" in printed  # the line the probe ends with
 
 
 async def test_same_prompts_to_every_server_with_the_asked_budget(tmp_path) -> None:
