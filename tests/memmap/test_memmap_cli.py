@@ -15,7 +15,8 @@ LLAMA = Path(__file__).parents[1] / "fixtures" / "configs" / "llama-3.1-8b.json"
 
 
 def run(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(main, ["memmap", *args])
+    # wide enough that the lever grid's cells are not folded: these tests read its figures whole
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(main, ["memmap", *args])
     return result.exit_code, result.stdout, result.stderr
 
 
