@@ -9,18 +9,24 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvprobe.servers import LaunchError, LocalServer, Scenario, StartRefused, Testbed, start_each, testbed
-from kvprobe.servers.launcher import PROJECT_ROOT, home
+from kvprobe.servers.launcher import MODULE_TOKENS, PROJECT_ROOT, home
 
 # The bars and comments of the repository's servers.toml are the demo's too.
 TEMPLATE = PROJECT_ROOT / "servers.toml"
 
 
-def start_demo() -> tuple[Testbed, list[tuple[Scenario, LocalServer]], list[dict[str, str]]]:
+# Tokens a capacity-only demo serves a server: the first-prefill smoke (half of 8,192) and the warm-up.
+CAPACITY_ONLY_TOKENS = 20_000
+
+
+def start_demo(tokens_needed: int = MODULE_TOKENS) -> tuple[Testbed, list[tuple[Scenario, LocalServer]],
+                                                           list[dict[str, str]]]:
     """(testbed, started servers, left-out servers with their reasons). Raises LaunchError when a
-    server fails that was expected to start."""
+    server fails that was expected to start. `tokens_needed`: what the run will serve each server (a
+    server whose kernel overruns its pool is restarted unless half of it still holds that)."""
     bed = testbed()
     scenarios = bed.demo()
-    results = start_each([sc.spec for sc in scenarios if sc.spec is not None])
+    results = start_each([sc.spec for sc in scenarios if sc.spec is not None], tokens_needed=tokens_needed)
     started: list[tuple[Scenario, LocalServer]] = []
     left_out: list[dict[str, str]] = []
     for sc, result in zip(scenarios, results, strict=True):

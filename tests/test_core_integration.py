@@ -16,7 +16,7 @@ from kvprobe.cli import main
 from kvprobe.servers import LocalServer, Testbed, start
 from kvprobe.servers.launcher import free_port
 
-pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(60_000)]  # checked in conftest
+pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(60_000)]  # logged in conftest
 
 
 def servers_toml(tmp_path: Path, servers: list[tuple[str, str]], extra: str = "") -> Path:

@@ -23,7 +23,7 @@ from scenarios import require, trio
 from kvprobe.canary import CANARY_AGREEMENT, CANARY_LOAD, CANARY_NEEDLE, CANARY_PERPLEXITY, canary_probes
 from kvprobe.sign import NAMESPACE
 
-pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(150_000)]  # checked in conftest
+pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(250_000)]  # logged in conftest
 
 QUALITY_PROBES = {"perplexity", "needle"}
 

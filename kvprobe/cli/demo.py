@@ -37,7 +37,7 @@ def demo(out: Path | None, probes: str | None, stop: bool, key: Path | None, hyb
     """Start the demo trio this CPU can run (real local vLLM CPU servers serving needle-llama, only the
     KV dtype differs) and evaluate it. With AVX-512: auto, fp8, int8_per_token_head; on AVX2 only:
     auto and bfloat16 KV on float32 weights, and fp8, which the engine refuses to start there."""
-    from kvprobe.demo import start_demo, write_servers_toml
+    from kvprobe.demo import CAPACITY_ONLY_TOKENS, start_demo, write_servers_toml
     from kvprobe.servers import LaunchError, stop_all
 
     set_view(verbose, quiet)
@@ -47,7 +47,8 @@ def demo(out: Path | None, probes: str | None, stop: bool, key: Path | None, hyb
 
     err_console.print("starting the demo servers (first time: installs vLLM CPU, ~3 minutes)")
     try:
-        bed, started, left_out = start_demo()
+        only_capacity = probes is not None and {p.strip() for p in probes.split(",") if p.strip()} <= {"capacity"}
+        bed, started, left_out = start_demo(CAPACITY_ONLY_TOKENS) if only_capacity else start_demo()
     except LaunchError as exc:
         _fail([str(exc)])
     err_console.print(f"testbed: {bed.isa}" + (" (forced by KVPROBE_VLLM_NO_AVX512=1)" if bed.forced else ""),

@@ -17,7 +17,7 @@ import yaml
 from junitparser import Failure, JUnitXml
 from scenarios import trio
 
-pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(120_000)]  # checked in conftest
+pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(120_000)]  # logged in conftest
 
 STEP = Path(__file__).parents[2] / "examples" / "ci" / "github-actions.yml"
 BUDGET_S = 90  # the step's own 5m would hold the suite; a short budget is the harder case for the 10%

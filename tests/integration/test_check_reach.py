@@ -16,7 +16,7 @@ from scenarios import trio
 from kvprobe.servers.launcher import tokens_served
 
 # It serves no token (/health and /v1/models only); a small declaration keeps the trio from being recycled.
-pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(1_000)]  # checked in conftest
+pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(1_000)]  # logged in conftest
 
 
 def _servers_toml(servers: list[dict[str, str]]) -> str:

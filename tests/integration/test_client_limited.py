@@ -27,7 +27,7 @@ from kvprobe.evaluation import run_eval
 from kvprobe.load.client_load import throughput_effect
 from kvprobe.store import RunDir
 
-pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(60_000)]  # checked in conftest
+pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(60_000)]  # logged in conftest
 
 BARS = Bars()  # the test's servers.toml sets none
 

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from kvprobe.cli import main
 from kvprobe.servers import LocalServer
 
-pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(60_000)]  # checked in conftest
+pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(60_000)]  # logged in conftest
 
 LOAD = """
 [load]

@@ -25,7 +25,7 @@ from kvprobe.errors import EXIT_CANNOT_RUN
 from kvprobe.evaluation import run_eval
 from kvprobe.store import RunDir
 
-pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(150_000)]  # checked in conftest
+pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(150_000)]  # logged in conftest
 
 CASES = 20
 LENGTHS = [1024, 2048, 3072, 4096]  # the default grid spreads 20 needles to 7168 tokens: slower, no more telling

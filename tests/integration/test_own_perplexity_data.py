@@ -19,7 +19,7 @@ from kvprobe.corpus import TASKS_DIR
 from kvprobe.evaluation import run_eval
 from kvprobe.store import RunDir
 
-pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(60_000)]  # checked in conftest
+pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(60_000)]  # logged in conftest
 
 MODULES = ("json", "argparse", "csv", "pathlib", "fractions", "heapq")
 

@@ -24,7 +24,7 @@ from faultproxy import Fault, FaultProxy
 
 from kvprobe.servers import LocalServer
 
-pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(30_000)]  # checked in conftest
+pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(30_000)]  # logged in conftest
 
 # A 20% bar, declared for this box: on a 2-core machine that the server shares with its client, runs of 16
 # requests (3-4 s) spread by about 0.17 in block log ratio (measured on the AVX2 EPYC, 2026-12-03: an A/A

@@ -21,7 +21,7 @@ from kvprobe.corpus import TASKS_DIR
 from kvprobe.evaluation import run_eval
 from kvprobe.store import RunDir
 
-pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(150_000)]  # checked in conftest
+pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(150_000)]  # logged in conftest
 
 
 def config_file(tmp_path: Path, servers: list[dict], tasks: str = "") -> Path:

@@ -15,7 +15,7 @@ from kvprobe.cli import main
 from kvprobe.servers import LocalServer, Testbed, start
 from kvprobe.servers.launcher import free_port, healthy
 
-pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(100_000)]  # checked in conftest
+pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(100_000)]  # logged in conftest
 
 
 def _toml(tmp_path: Path, servers: list[tuple[str, str]], load: str) -> Path:

@@ -22,7 +22,7 @@ from kvprobe.memmap import Settings, build
 from kvprobe.scrape import parse_metrics
 from kvprobe.servers.launcher import NEEDLE_LLAMA
 
-pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(20_000)]  # checked in conftest
+pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(20_000)]  # logged in conftest
 
 
 def get(url: str) -> str:

@@ -31,7 +31,7 @@ from kvprobe.servers import NEEDLE_LLAMA
 from kvprobe.servers.launcher import free_port
 from kvprobe.store import RunDir
 
-pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(150_000)]  # checked in conftest
+pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(150_000)]  # logged in conftest
 
 PPL_DOCS = 6  # 3 servers x (2 reference runs + 2 candidates) x 6 passages of ~2.7k tokens
 AGREE_DOCS = 3

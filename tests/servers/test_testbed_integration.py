@@ -18,6 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from kvprobe.cli import main
+from kvprobe.demo import CAPACITY_ONLY_TOKENS
 from kvprobe.servers import StartRefused, Testbed, start
 from kvprobe.servers.launcher import healthy, port_free, status
 
@@ -44,7 +45,7 @@ def test_the_server_that_cannot_start_is_refused_with_the_engines_reason(bed: Te
 def test_the_demo_evaluates_what_started_and_says_what_was_left_out(bed: Testbed, start_servers,
                                                                      tmp_path: Path) -> None:
     # Started through the fixture first, so the session stops them; the demo then reuses them.
-    start_servers([sc.spec for sc in bed.demo() if sc.key != "no_start"])
+    start_servers([sc.spec for sc in bed.demo() if sc.key != "no_start"], CAPACITY_ONLY_TOKENS)
     out = tmp_path / "run"
     env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
     result = CliRunner(env=env).invoke(main, ["demo", "--probes", "capacity", "--out", str(out)],
