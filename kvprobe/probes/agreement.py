@@ -188,5 +188,5 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
     from kvprobe.report.summary import print_probe
 
     checks = live_checks("agreement", summary, ctx.reference, list(summary), ctx.config.bars)
-    print_probe(ctx.console, "agreement", checks)
+    print_probe(ctx.console, "agreement", checks, summary)
     return summary

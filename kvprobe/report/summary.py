@@ -157,6 +157,15 @@ def _accept(summary: dict[str, Any] | None, name: str) -> str | None:
     return spec_decode.shown(spec_decode.pooled(cases))
 
 
+def _unbarred(probe: str, summary: dict[str, Any] | None, name: str) -> str:
+    """A probe measured with no bar declared: its headline figures, judged by nothing."""
+    row = (summary or {}).get(name) if probe == "agreement" else None
+    if isinstance(row, dict) and row.get("top1_agreement") is not None:
+        return (f"top-1 agreement {row['top1_agreement']:.1%}, mean KL {row.get('kl_mean', 0):.3g} over "
+                f"{row.get('positions', 0):,} positions (no bar set: not judged)")
+    return "measured; no bar set (the report shows it)"
+
+
 def probe_lines(probe: str, checks: dict[str, list[dict[str, Any]]], summary: dict[str, Any] | None = None
                 ) -> list[str]:
     """As a probe ends: one line per candidate with the checks the verdict will carry (the full table
@@ -173,7 +182,7 @@ def probe_lines(probe: str, checks: dict[str, list[dict[str, Any]]], summary: di
                 ref_accept = _accept(summary, ref) if ref else None
                 text += f" · spec accept {accept}" + (f" vs {ref_accept}" if ref_accept else "")
         else:
-            text = " · ".join(check_text(c) for c in own) or "measured; no bar set (the report shows it)"
+            text = " · ".join(check_text(c) for c in own) or _unbarred(probe, summary, cand)
         lines.append(f"{probe}: [bold]{escape(cand)}[/bold] {text}")
     return lines
 

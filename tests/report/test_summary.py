@@ -90,3 +90,12 @@ def test_verbose_and_quiet_together_is_one_line_and_exit_2(monkeypatch: pytest.M
     servers = _fleet(monkeypatch, tmp_path)
     result = CliRunner().invoke(main, ["eval", "--servers", str(servers), "-q", "-v"])
     assert result.exit_code == 2 and result.stderr.strip() == "error: --verbose and --quiet: give one"
+
+
+def test_a_probe_without_a_bar_ends_with_its_figures_not_judged() -> None:
+    from kvprobe.report.summary import probe_lines
+
+    summary = {"cand": {"top1_agreement": 0.1727, "kl_mean": 1.3823, "positions": 11_597}}
+    assert probe_lines("agreement", {"cand": []}, summary) == [
+        "agreement: [bold]cand[/bold] top-1 agreement 17.3%, mean KL 1.38 over 11,597 positions "
+        "(no bar set: not judged)"]
