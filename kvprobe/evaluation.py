@@ -138,13 +138,9 @@ def say_sizing(ctx: EvalContext, probes: list[str]) -> None:
             ctx.run.event("sizing_note", text=line)
 
 
-def fit_phase(ctx: EvalContext, probes: list[str]) -> list[str]:
-    """Before any probe measures anything, each requested probe that has a fit check says whether it
-    can run on the active servers (their max_model_len). A setting the operator wrote that does not fit
-    stops the run here, every such line at once (ConfigError, exit 2); kvprobe's own default that does
-    not fit leaves that probe not measured, recorded (`probe_cannot_run`, which the verdict reads) and
-    said, and the rest of the run goes on. Returns the probes to skip. A resumed run asks again: the
-    same servers give the same reason, a larger context lets the probe run."""
+def ask_fit(view: Any, probes: list[str]) -> tuple[dict[str, str], list[str]]:
+    """(probe -> why a kvprobe default cannot fit, problems of the operator's own settings): each requested
+    probe's fit check on `view` (an EvalContext, or anything with its config and inventories)."""
     from kvprobe.probes import fit_checks
 
     checks = fit_checks()
@@ -152,12 +148,23 @@ def fit_phase(ctx: EvalContext, probes: list[str]) -> list[str]:
     problems: list[str] = []
     for name in [p for p in PROBE_ORDER if p in probes and p in checks]:
         try:
-            reason = checks[name](ctx)
+            reason = checks[name](view)
         except ConfigError as exc:
             problems += exc.problems
             continue
         if reason is not None:
             reasons[name] = reason
+    return reasons, problems
+
+
+def fit_phase(ctx: EvalContext, probes: list[str]) -> list[str]:
+    """Before any probe measures anything, each requested probe that has a fit check says whether it
+    can run on the active servers (their max_model_len). A setting the operator wrote that does not fit
+    stops the run here, every such line at once (ConfigError, exit 2); kvprobe's own default that does
+    not fit leaves that probe not measured, recorded (`probe_cannot_run`, which the verdict reads) and
+    said, and the rest of the run goes on. Returns the probes to skip. A resumed run asks again: the
+    same servers give the same reason, a larger context lets the probe run."""
+    reasons, problems = ask_fit(ctx, probes)
     if problems:
         raise ConfigError(problems)
     for name, reason in reasons.items():

@@ -217,24 +217,11 @@ def fit(config: Config, probes: list[str], context: Context) -> tuple[dict[str, 
     """(probe -> why eval would leave it not measured, problems): the probes' own fit checks against the
     context. A setting the operator wrote that cannot fit is a problem (eval stops with exit 2); a
     kvprobe default that cannot fit leaves the probe not measured, as eval says it."""
-    from kvprobe.evaluation import PROBE_ORDER
-    from kvprobe.probes import fit_checks
+    from kvprobe.evaluation import ask_fit
 
     if context.source is None:
         return {}, []
-    view = _FitView(config, {name: _Length(n) for name, n in context.lengths.items()})
-    reasons: dict[str, str] = {}
-    problems: list[str] = []
-    checks = fit_checks()
-    for name in [p for p in PROBE_ORDER if p in probes and p in checks]:
-        try:
-            reason = checks[name](view)
-        except ConfigError as exc:
-            problems += exc.problems
-            continue
-        if reason is not None:
-            reasons[name] = reason
-    return reasons, problems
+    return ask_fit(_FitView(config, {name: _Length(n) for name, n in context.lengths.items()}), probes)
 
 
 # -- sizes ---------------------------------------------------------------------------------------
