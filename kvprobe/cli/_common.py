@@ -6,8 +6,11 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import click
 from rich.console import Console
 from rich.markup import escape
 
@@ -32,6 +35,13 @@ out_console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUM
 # full tables once, then the summary) or "quiet" (the decision lines only; the exit code says the rest).
 VIEWS = ("summary", "verbose", "quiet")
 view = "summary"
+
+
+def view_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`--verbose/-v` and `--quiet/-q` for a command that prints a verdict (it calls set_view with them)."""
+    command = click.option("--quiet", "-q", is_flag=True,
+                           help="print only the decision lines; the exit code says the rest")(command)
+    return click.option("--verbose", "-v", is_flag=True, help="also print the full tables (each once)")(command)
 
 
 def set_view(verbose: bool, quiet: bool) -> None:

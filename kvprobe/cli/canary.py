@@ -18,6 +18,7 @@ from kvprobe.cli._common import (
     out_console,
     set_ci,
     set_view,
+    view_options,
 )
 from kvprobe.config import load_config
 from kvprobe.crash import note_secrets
@@ -44,8 +45,7 @@ from kvprobe.store import RunDir
               "from the first-prefill smoke's speed, and what does not fit is not measured (and said)")
 @click.option("--advisory-speed", is_flag=True, help="report speed but never let it change a decision or the "
               "exit code (a staging box too noisy or too shared to gate on)")
-@click.option("--verbose", "-v", is_flag=True, help="also print the full tables (each once)")
-@click.option("--quiet", "-q", is_flag=True, help="print only the decision lines; the exit code says the rest")
+@view_options
 def canary_cmd(servers_file: Path, baseline: Path | None, allowed_signers: Path | None, out: Path | None,
                key: Path | None, junit: Path | None, summary: Path | None, budget: str | None,
                advisory_speed: bool = False, verbose: bool = False, quiet: bool = False) -> None:

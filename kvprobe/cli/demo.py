@@ -16,6 +16,7 @@ from kvprobe.cli._common import (
     err_console,
     out_console,
     set_view,
+    view_options,
 )
 from kvprobe.config import load_config
 from kvprobe.errors import (
@@ -30,8 +31,7 @@ from kvprobe.errors import (
 @click.option("--key", type=click.Path(path_type=Path), default=None, help="signing key, as for eval")
 @click.option("--hybrid", is_flag=True, help="the attention-light hybrid instead (needle-hybrid): KV dtype frees "
               "nothing, the Mamba SSM state dtype is the lever, and how it breaks with vLLM's defaults")
-@click.option("--verbose", "-v", is_flag=True, help="also print the full tables (each once)")
-@click.option("--quiet", "-q", is_flag=True, help="print only the decision lines; the exit code says the rest")
+@view_options
 def demo(out: Path | None, probes: str | None, stop: bool, key: Path | None, hybrid: bool,
          verbose: bool = False, quiet: bool = False) -> None:
     """Start the demo trio this CPU can run (real local vLLM CPU servers serving needle-llama, only the

@@ -13,6 +13,7 @@ from kvprobe.cli._common import (
     _evaluate,
     set_ci,
     set_view,
+    view_options,
 )
 from kvprobe.report.ci import CiOutputs
 
@@ -30,8 +31,7 @@ from kvprobe.report.ci import CiOutputs
                    "kvprobe's own key in the config directory, created on first use)")
 @click.option("--junit", type=click.Path(path_type=Path), default=None, help=JUNIT_HELP)
 @click.option("--summary", type=click.Path(path_type=Path), default=None, help=SUMMARY_HELP)
-@click.option("--verbose", "-v", is_flag=True, help="also print the full tables (each once)")
-@click.option("--quiet", "-q", is_flag=True, help="print only the decision lines; the exit code says the rest")
+@view_options
 def eval_cmd(servers_file: Path, out: Path | None, resume: Path | None, probes: str | None, key: Path | None,
              junit: Path | None, summary: Path | None, verbose: bool = False, quiet: bool = False) -> None:
     """Measure every server in servers.toml against the reference; write, sign and report the verdict.

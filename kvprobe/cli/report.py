@@ -12,6 +12,7 @@ from kvprobe.cli._common import (
     _report,
     err_console,
     set_view,
+    view_options,
 )
 from kvprobe.crash import note_run
 from kvprobe.disk import DiskError
@@ -23,8 +24,7 @@ from kvprobe.store import RunDir
 
 @click.command(name="report")
 @click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("--verbose", "-v", is_flag=True, help="also print the full tables (each once)")
-@click.option("--quiet", "-q", is_flag=True, help="print only the decision lines; the exit code says the rest")
+@view_options
 def report_cmd(run_dir: Path, verbose: bool = False, quiet: bool = False) -> None:
     """Re-render a run directory's report (terminal, report.md, report.html) from what is on disk.
 
