@@ -17,15 +17,14 @@ from rich.table import Table
 
 from kvprobe.load import spec_decode
 from kvprobe.report import cells
+from kvprobe.report.terminal import OUTCOME_STYLE
 
 QUALITY_PROBES = ("perplexity", "agreement", "needle", "tasks")
-_STYLE = {"adopt": "green", "pass": "green", "reject": "red", "fail": "red", "inconclusive": "yellow",
-          "no_gain": "dim", "invalid": "magenta", "broken": "bold red", "not judged": "yellow"}
 AXIS = 9  # "capacity " etc.: the label column
 
 
 def _word(word: str) -> str:
-    style = _STYLE.get(word)
+    style = OUTCOME_STYLE.get(word)
     return f"[{style}]{escape(word)}[/{style}]" if style else escape(word)
 
 

@@ -38,7 +38,7 @@ def capacity_table(summary: dict[str, Any]) -> Table:
     return table
 
 
-_STYLE = {"adopt": "green", "pass": "green", "reject": "red", "fail": "red", "inconclusive": "yellow",
+OUTCOME_STYLE = {"adopt": "green", "pass": "green", "reject": "red", "fail": "red", "inconclusive": "yellow",
           "no_gain": "dim", "not_measured": "dim", "invalid": "magenta", "broken": "bold red", "reference": "blue",
           "not judged": "yellow", "not measured": "dim"}
 
@@ -49,7 +49,7 @@ def rich_table(data: Any) -> Table:
     for header in data.headers:
         table.add_column(header, overflow="fold")
     for row, tag in zip(data.rows, data.tags or [None] * len(data.rows), strict=False):
-        style = _STYLE.get(tag or "")
+        style = OUTCOME_STYLE.get(tag or "")
         # escaped: cells quote servers (errors, versions), and "[/x]" in one would be a markup error
         table.add_row(*[f"[{style}]{escape(c)}[/{style}]" if style and c == tag else escape(c) for c in row])
     return table

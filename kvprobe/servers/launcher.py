@@ -392,10 +392,9 @@ DETERMINISTIC_REFUSALS = ("NotImplementedError", "ValueError")
 def _refusal_path(spec: ServerSpec) -> Path:
     """Where an engine's refusal of `spec` on this machine is kept: keyed by the spec, the CPU's flags and
     the vLLM venv, which are what decide it (vLLM picks its kernels by the CPU)."""
-    try:
-        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
-    except OSError:
-        flags = ""
+    from kvprobe.servers.testbed import cpu_flags  # testbed imports this module
+
+    flags = " ".join(sorted(cpu_flags()))
     key = hashlib.sha256(f"{spec.digest()}|{flags}|{venv_python()}".encode()).hexdigest()[:16]
     return home() / "run" / f"refused-{key}.json"
 
