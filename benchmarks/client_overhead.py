@@ -50,7 +50,7 @@ async def _run_streams(port: int, streams: int, requests: int, tokens: int,
                        keep: Callable[[Any], Any] = lambda g: g) -> tuple[list[Any], float]:
     """`requests` requests, at most `streams` at once (what `vllm bench serve --max-concurrency` does);
     `keep` reduces each finished Generation to what the caller needs, as the load probe does."""
-    from kvprobe.client import Client
+    from kvprobe.server.client import Client
 
     client = Client("mock", f"http://127.0.0.1:{port}", max_connections=streams)
     client.model = "mock"
@@ -72,7 +72,7 @@ async def _steady_streams(port: int, streams: int, per_stream: int, tokens: int,
     """`streams` workers, each sending `per_stream` requests back to back, over warm connections and
     with start times spread over one request's duration: a sustained load, not a synchronized burst
     (a burst of new connections measures connection setup, not streaming)."""
-    from kvprobe.client import Client
+    from kvprobe.server.client import Client
 
     client = Client("mock", f"http://127.0.0.1:{port}", max_connections=streams)
     client.model = "mock"
@@ -223,7 +223,7 @@ def _get(url: str) -> bytes:
 
 @contextmanager
 def mock_server(ttft: float = 0.0, itl: float = 0.0, precise: bool = False):
-    from kvprobe.servers.launcher import free_port, healthy
+    from kvprobe.testbed.launcher import free_port, healthy
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, str(HERE / "mock_server.py"), "--port", str(port),
@@ -267,7 +267,7 @@ def _worker(*args: str, env: dict[str, str] | None = None, cpus: set[int] | None
 
 
 def vllm_bench(port: int, streams: int, requests: int, tokens: int) -> dict[str, Any]:
-    from kvprobe.servers.launcher import ensure_venv, home, staged_model
+    from kvprobe.testbed.launcher import ensure_venv, home, staged_model
 
     python = ensure_venv()
     with tempfile.TemporaryDirectory() as tmp:
@@ -286,8 +286,8 @@ def vllm_bench(port: int, streams: int, requests: int, tokens: int) -> dict[str,
             "failed": data.get("failed", 0), "wall_s": data["duration"]}
 
 
-# Where a chunk's receive time comes from (kvprobe.streaming): the loop's read callback, or the
-# kernel's stamp (kvprobe.rxstamp); on asyncio's loop or on uvloop when it is installed.
+# Where a chunk's receive time comes from (kvprobe.server.streaming): the loop's read callback, or the
+# kernel's stamp (kvprobe.server.rxstamp); on asyncio's loop or on uvloop when it is installed.
 METHODS = (("loop", "asyncio"), ("kernel", "asyncio"), ("loop", "uvloop"), ("kernel", "uvloop"))
 TARGET_STAMPED_MS = {256: 0.5, 1000: 1.0}
 

@@ -90,7 +90,7 @@ def main() -> None:
     if not args.private:
         bench(args, args.url)
         return
-    from kvprobe.servers.launcher import ServerSpec, free_port, start
+    from kvprobe.testbed.launcher import ServerSpec, free_port, start
 
     server = start(ServerSpec(port=free_port()), reuse=False)
     try:

@@ -1,4 +1,4 @@
-"""The sequential speed decision (kvprobe/sequential.py) replayed on recorded and simulated blocks.
+"""The sequential speed decision (kvprobe/stats/sequential.py) replayed on recorded and simulated blocks.
 
 A block is the reference and a candidate run back to back over the load sweep; its paired log loss is
 the mean over cases of log(ref tok/s / cand tok/s), larger is worse. The bar throughput_drop_max 0.05
@@ -41,7 +41,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from kvprobe import sequential  # noqa: E402 -- the script runs from anywhere: the repository goes on sys.path first
+from kvprobe.stats import sequential  # noqa: E402 -- the script runs from anywhere: the repository goes on sys.path first
 
 RUNS = ROOT / "tests" / "fixtures" / "runs"
 DEMO_RUN = "xeon-amx-demo"  # the run statistics-audit.md section 4.1 measured sigma_D on

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from pathlib import Path
@@ -402,10 +403,31 @@ def load_config(path: str | Path) -> Config:
             section[key] = str(path.parent / section[key])
     config = parse_config(data, str(path))
     if config.perplexity.passages:  # before any server is asked anything
-        from kvprobe.quality.own_data import check_passages
-
         check_passages(Path(config.perplexity.passages), f"{path}: perplexity.passages")
     for where, folder in (("perplexity", config.perplexity.include_path), ("tasks", config.tasks.include_path)):
         if folder and not Path(folder).is_dir():
             raise ConfigError([f"{path}: {where}.include_path {folder}: not a folder"])
     return config
+
+
+def check_passages(path: Path, where: str = "perplexity.passages") -> int:
+    """The number of passages in a JSONL file; ConfigError naming the file and line otherwise."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ConfigError([f"{where} {path}: cannot read: {why}"]) from None
+    count = 0
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            raise ConfigError([f"{where} {path} line {n}: not JSON: give one {{\"text\": ...}} per line"]) from None
+        if not isinstance(row, dict) or not isinstance(row.get("text"), str) or not row["text"].strip():
+            raise ConfigError([f"{where} {path} line {n}: needs a non-empty \"text\" string"])
+        count += 1
+    if count == 0:
+        raise ConfigError([f"{where} {path}: no passages (one {{\"text\": ...}} per line)"])
+    return count

@@ -16,21 +16,11 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from kvprobe.errors import KvprobeError
+from kvprobe.errors import DiskError
 
 # The disk's own refusals, as opposed to a bug (a wrong path) or a server's failure: a full disk met
 # by a library kvprobe calls (lm-eval, a tokenizer cache) is this class too.
 DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})
-
-
-class DiskError(KvprobeError):
-    """A write the disk refused; `path` is the file kvprobe was writing."""
-
-    def __init__(self, path: str | Path, exc: OSError):
-        self.path = Path(path)
-        self.errno = exc.errno
-        self.cause = exc.strerror or str(exc) or type(exc).__name__
-        super().__init__(f"cannot write {self.path}: {self.cause}")
 
 
 def is_disk_error(exc: BaseException) -> bool:

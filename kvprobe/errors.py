@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 # Exit codes (README, "Exit codes").
 EXIT_OK = 0
 EXIT_BAR_FAILED = 1
@@ -62,3 +64,49 @@ class AuthError(ServerError):
 
 class MetricsError(KvprobeError):
     """/metrics could not be parsed."""
+
+
+class Unreadable(ServerError):
+    """A value a server sent that kvprobe cannot use; the message names where it came from. A
+    ServerError: met during a probe, a server sending garbage is a server failing."""
+
+    def __init__(self, message: str, *, server: str = "", path: str | None = None):
+        super().__init__(server, message, path=path)
+        self.args = (message,)
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+class SignatureError(KvprobeError):
+    """The signature does not hold: changed bytes, unknown signer, wrong namespace, bad file."""
+
+    exit_code = 1
+
+
+class DiskError(KvprobeError):
+    """A write the disk refused; `path` is the file kvprobe was writing."""
+
+    def __init__(self, path: str | Path, exc: OSError):
+        self.path = Path(path)
+        self.errno = exc.errno
+        self.cause = exc.strerror or str(exc) or type(exc).__name__
+        super().__init__(f"cannot write {self.path}: {self.cause}")
+
+
+class SchemaViolation(KvprobeError):
+    """A verdict that does not follow its own schema version: `kvprobe verify` does not hold (exit 1)."""
+
+    exit_code = 1
+
+
+class CiOutputError(KvprobeError):
+    """A CI output file could not be written (exit 2, like any other write that fails)."""
+
+
+class TokenizerUnavailable(KvprobeError):
+    """No way to count tokens: no /tokenize anywhere and no usable tiktoken encoding."""
+
+
+class PlacementError(KvprobeError):
+    """A case cannot be built (the target is shorter than the needle, question and template)."""

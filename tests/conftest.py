@@ -1,7 +1,7 @@
 """Shared fixtures. Integration tests run against real vLLM CPU servers serving needle-llama,
 started by kvprobe's own launcher and reused across modules and sessions while they are fit.
 
-Tests ask for scenarios, not dtypes (kvprobe.servers.testbed): "reference", "lossy_2x" (2x the tokens,
+Tests ask for scenarios, not dtypes (kvprobe.testbed.scenarios): "reference", "lossy_2x" (2x the tokens,
 wrecks quality), "lossless_2x" (2x, holds quality: AVX-512 only), "no_start", "no_gain". Which real
 server plays each depends on the CPU; `KVPROBE_VLLM_NO_AVX512=1` gives the AVX2 testbed anywhere."""
 
@@ -19,8 +19,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from kvprobe.servers import LaunchError, LocalServer, ServerSpec, Testbed, start_each, stop, testbed
-from kvprobe.servers.launcher import MODULE_TOKENS, home, overruns, tokens_served
+from kvprobe.testbed import LaunchError, LocalServer, ServerSpec, Testbed, start_each, stop, testbed
+from kvprobe.testbed.launcher import MODULE_TOKENS, home, overruns, tokens_served
 
 TRIO = ("reference", "lossless_2x", "lossy_2x")
 

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from kvprobe.config import parse_config
-from kvprobe.evidence import broken_during_run
-from kvprobe.store import RunDir
+from kvprobe.run.store import RunDir
+from kvprobe.verdict.evidence import broken_during_run
 
 RUNS = Path(__file__).parent / "fixtures" / "runs"
 
@@ -79,7 +79,7 @@ def _tasks(ctx: Any) -> dict[str, Any] | None:
 
 def rejudge(name: str, tmp: Path) -> tuple[RunDir, dict[str, Any]]:
     """A copy of recorded run `name` in tmp, its summaries rebuilt from its events, and its new verdict."""
-    from kvprobe.verdict import build_verdict
+    from kvprobe.verdict.build import build_verdict
 
     src, dst = RUNS / name, tmp / name
     shutil.copytree(src, dst)

@@ -1,10 +1,10 @@
-"""Helpers for tests that are about one scenario of the testbed (kvprobe.servers.testbed)."""
+"""Helpers for tests that are about one scenario of the testbed (kvprobe.testbed.scenarios)."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvprobe.servers import Testbed
+from kvprobe.testbed import Testbed
 
 
 def require(bed: Testbed, key: str) -> None:
@@ -35,7 +35,7 @@ def wait_quiet(urls: list[str], timeout_s: float = 120.0) -> float:
     import time
     import urllib.request
 
-    from kvprobe.scrape import RUNNING, WAITING, parse_metrics
+    from kvprobe.server.metrics import RUNNING, WAITING, parse_metrics
 
     t0 = time.monotonic()
     while True:

@@ -21,9 +21,9 @@ from rich.console import Console
 
 from kvprobe import cli
 from kvprobe.cli import audit as audit_cli
-from kvprobe.client import Client
-from kvprobe.inventory import Inventory, take_inventories
 from kvprobe.report.fleet import differences, fleet_table, host_port
+from kvprobe.server.client import Client
+from kvprobe.server.inventory import Inventory, take_inventories
 
 CPU = {"http://127.0.0.1:8101": "auto, dev mode", "http://127.0.0.1:8102": "fp8", "http://10.0.0.7:8101": "avx2"}
 GPU = {f"http://127.0.0.1:{PORTS[n]}": n for n in (*DENSE, *HYBRID)}

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from kvprobe.budget import RESERVE_S, parse_budget, plan_budget
-from kvprobe.canary import canary_config
 from kvprobe.config import parse_config
 from kvprobe.errors import ConfigError
-from kvprobe.inventory import Inventory, Smoke
+from kvprobe.evaluate.canary import canary_config
+from kvprobe.run.budget import RESERVE_S, parse_budget, plan_budget
+from kvprobe.server.inventory import Inventory, Smoke
 
 PROBES = ["capacity", "perplexity", "agreement", "needle", "load"]
 CONFIG = canary_config(parse_config({"server": [{"name": "a", "url": "http://127.0.0.1:1", "role": "reference"},
@@ -62,7 +62,7 @@ def test_the_resized_config_is_what_the_probes_get() -> None:
 
 
 def test_a_finished_probe_corrects_the_model_within_bounds() -> None:
-    from kvprobe.budget import corrected_scale
+    from kvprobe.run.budget import corrected_scale
 
     _, plan = plan_budget(CONFIG, PROBES, inventories(1000, 1000), 300, 8192)
     est = plan.estimates["perplexity"]

@@ -7,9 +7,9 @@ import math
 
 from verdict_inputs import Measurements, perplexity_rows
 
-from kvprobe.canary import canary_config, canary_probes, compare_with_baseline
 from kvprobe.config import parse_config
-from kvprobe.verdict import build_verdict
+from kvprobe.evaluate.canary import canary_config, canary_probes, compare_with_baseline
+from kvprobe.verdict.build import build_verdict
 
 SERVERS = {"server": [{"name": "a", "url": "http://127.0.0.1:1", "role": "reference"},
                       {"name": "b", "url": "http://127.0.0.1:2"}]}

@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner, Result
 from replay import FIXTURES, MultiReplay, Replay
 
-from kvprobe import plan as plan_mod
 from kvprobe.cli import main
+from kvprobe.evaluate import plan as plan_mod
 
 LLAMA_CONFIG = Path(__file__).parents[1] / "demo" / "models" / "needle-llama" / "config.json"
 SECRET = "sk-check-never-printed-0451"

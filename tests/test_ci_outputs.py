@@ -9,10 +9,11 @@ from junitparser import Failure, JUnitXml
 from markdown_it import MarkdownIt
 from verdict_inputs import Measurements, perplexity_rows
 
-from kvprobe.report.ci import CiOutputError, CiOutputs
+from kvprobe.errors import CiOutputError
+from kvprobe.report.ci import CiOutputs
 from kvprobe.report.junit import junit_xml, no_verdict_xml
 from kvprobe.report.step_summary import step_summary
-from kvprobe.verdict import build_verdict
+from kvprobe.verdict.build import build_verdict
 
 
 def parsed(data: bytes, tmp_path: Path) -> JUnitXml:

@@ -14,9 +14,9 @@ from rich.console import Console
 
 from kvprobe import cli
 from kvprobe.cli import audit as audit_cli
-from kvprobe.client import Client
-from kvprobe.inventory import take_inventories
 from kvprobe.report.terminal import audit_table
+from kvprobe.server.client import Client
+from kvprobe.server.inventory import take_inventories
 
 DEV, PLAIN = "http://127.0.0.1:8101", "http://127.0.0.1:8102"
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from kvprobe import cli, evaluation
+from kvprobe import cli
 from kvprobe.cli import audit as audit_cli
 from kvprobe.errors import MetricsError
+from kvprobe.evaluate import orchestrate as evaluation
 
 SERVERS_TOML = """
 [[server]]

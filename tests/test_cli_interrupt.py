@@ -7,7 +7,8 @@ import shlex
 from click.testing import CliRunner
 from replay import SERVERS_TOML
 
-from kvprobe import cli, evaluation
+from kvprobe import cli
+from kvprobe.evaluate import orchestrate as evaluation
 
 
 def test_ctrl_c_prints_the_real_resume_command(tmp_path, monkeypatch) -> None:

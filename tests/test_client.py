@@ -6,8 +6,8 @@ import httpx
 import pytest
 from replay import Replay, capture
 
-from kvprobe.client import Client
 from kvprobe.errors import AuthError, ServerError, Unreachable
+from kvprobe.server.client import Client
 
 R1 = "reasoning-deepseek_r1-8104"
 

@@ -18,8 +18,8 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 from replay import capture
 
-from kvprobe.client import Client
 from kvprobe.errors import Unreachable
+from kvprobe.server.client import Client
 
 # timing-sensitive: scripts/test runs these alone, after the parallel unit tests
 pytestmark = pytest.mark.serial

@@ -17,9 +17,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from recorded import RUNS
 
 from kvprobe.cli import main
-from kvprobe.compare import _binary, _continuous, paired_line
-from kvprobe.sign import SigningKey, allowed_signers_line, parse_signature, sign_file
-from kvprobe.verdict import INPUT_KEYS, OLDER_RULES, RULES, decide, verdict_bytes
+from kvprobe.evaluate.compare import _binary, _continuous, paired_line
+from kvprobe.verdict.build import INPUT_KEYS, OLDER_RULES, RULES, decide, verdict_bytes
+from kvprobe.verdict.sign import SigningKey, allowed_signers_line, parse_signature, sign_file
 
 DEMO = RUNS / "amd-avx2-demo"
 CAND = "bfloat16"

@@ -1,5 +1,5 @@
 """The core against real vLLM CPU servers (needle-llama; the reference and a 2x candidate differ only in KV
-dtype; which servers those are depends on the CPU, see kvprobe.servers.testbed)."""
+dtype; which servers those are depends on the CPU, see kvprobe.testbed.scenarios)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from faultproxy import Fault, FaultProxy
 from replay import capture
 
 from kvprobe.cli import main
-from kvprobe.servers import LocalServer, Testbed, start
-from kvprobe.servers.launcher import free_port
+from kvprobe.testbed import LocalServer, Testbed, start
+from kvprobe.testbed.launcher import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(60_000)]  # logged in conftest
 

@@ -1,9 +1,9 @@
-"""Sizing advice before a run (kvprobe.design): a bar the planned sizes cannot pass is said up front."""
+"""Sizing advice before a run (kvprobe.verdict.design): a bar the planned sizes cannot pass is said up front."""
 
 from __future__ import annotations
 
 from kvprobe.config import parse_config
-from kvprobe.design import sizing_notes
+from kvprobe.verdict.design import sizing_notes
 
 SERVERS = [{"name": "a", "url": "http://127.0.0.1:1", "role": "reference"}, {"name": "b", "url": "http://127.0.0.1:2"}]
 ALL = ["perplexity", "agreement", "needle", "tasks"]

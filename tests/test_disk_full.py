@@ -22,10 +22,12 @@ from fulldisk import FullDisk
 from needle_fakes import NeedleModel, ToyTokenizer, fake_server
 from replay import SERVERS_TOML, MultiReplay, Replay
 
-from kvprobe import cli, evaluation
-from kvprobe.disk import DiskError, append_line, write_atomic
+from kvprobe import cli
+from kvprobe.disk import append_line, write_atomic
+from kvprobe.errors import DiskError
+from kvprobe.evaluate import orchestrate as evaluation
 from kvprobe.probes.perplexity import is_server_failure
-from kvprobe.store import RunDir
+from kvprobe.run.store import RunDir
 
 MAKE_CLIENTS = evaluation.make_clients  # the real one: tests give it their replay transport
 

@@ -13,10 +13,11 @@ from click.testing import CliRunner
 from replay import SERVERS_TOML, MultiReplay, Replay, capture
 from rich.console import Console
 
-from kvprobe import cli, evaluation
+from kvprobe import cli
 from kvprobe.config import parse_config
-from kvprobe.evaluation import run_eval
-from kvprobe.store import RunDir
+from kvprobe.evaluate import orchestrate as evaluation
+from kvprobe.evaluate.orchestrate import run_eval
+from kvprobe.run.store import RunDir
 
 MAKE_CLIENTS = evaluation.make_clients  # the real one: tests give it their replay transport
 

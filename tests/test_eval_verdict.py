@@ -10,9 +10,9 @@ from replay import MultiReplay, Replay
 from rich.console import Console
 
 from kvprobe.config import parse_config
-from kvprobe.evaluation import check_resume, run_eval
-from kvprobe.sign import load_allowed_signers, load_signing_key, verify
-from kvprobe.store import RunDir
+from kvprobe.evaluate.orchestrate import check_resume, run_eval
+from kvprobe.run.store import RunDir
+from kvprobe.verdict.sign import load_allowed_signers, load_signing_key, verify
 
 CONFIG = {"server": [{"name": "auto", "url": "http://127.0.0.1:8101", "role": "reference"},
                      {"name": "fp8", "url": "http://127.0.0.1:8102"}]}

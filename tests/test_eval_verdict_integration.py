@@ -1,5 +1,5 @@
 """End to end on the real vLLM CPU trio (the reference, a lossy 2x and, where this CPU runs one, a
-lossless 2x candidate; see kvprobe.servers.testbed): `eval` writes a
+lossless 2x candidate; see kvprobe.testbed.scenarios): `eval` writes a
 signed verdict and the reports, `kvprobe verify` and `ssh-keygen -Y verify` accept it, and a run
 killed mid-way and resumed reaches the same decisions as an uninterrupted one.
 
@@ -20,8 +20,8 @@ import orjson
 import pytest
 from scenarios import require, trio
 
-from kvprobe.canary import CANARY_AGREEMENT, CANARY_LOAD, CANARY_NEEDLE, CANARY_PERPLEXITY, canary_probes
-from kvprobe.sign import NAMESPACE
+from kvprobe.evaluate.canary import CANARY_AGREEMENT, CANARY_LOAD, CANARY_NEEDLE, CANARY_PERPLEXITY, canary_probes
+from kvprobe.verdict.sign import NAMESPACE
 
 pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(250_000)]  # logged in conftest
 

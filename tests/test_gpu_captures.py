@@ -22,16 +22,16 @@ from rich.console import Console
 
 from kvprobe import cli
 from kvprobe.cli import audit as audit_cli
-from kvprobe.client import Client
 from kvprobe.config import parse_config
-from kvprobe.evaluation import run_eval
-from kvprobe.inventory import take_inventories
+from kvprobe.evaluate.orchestrate import run_eval
 from kvprobe.memmap import Settings, build
-from kvprobe.platform import arch_mismatch, platform_from_system_env
 from kvprobe.report.platform_text import platform_text
 from kvprobe.report.tables import servers_table
 from kvprobe.report.terminal import audit_table
-from kvprobe.store import RunDir
+from kvprobe.run.store import RunDir
+from kvprobe.server.client import Client
+from kvprobe.server.inventory import take_inventories
+from kvprobe.server.platform import arch_mismatch, platform_from_system_env
 
 NEEDLE_CONFIG = Path(__file__).parents[1] / "demo" / "models" / "needle-llama" / "config.json"
 # Reported by each server's /metrics (kv_cache_size_tokens), 1 GiB of KV, max_model_len 8192.
@@ -95,7 +95,7 @@ async def test_the_inventory_warns_when_compiled_for_is_not_run_on() -> None:
 
 
 async def test_the_three_dense_servers_are_one_knob_apart_and_the_backend_is_not_assumed() -> None:
-    from kvprobe.pin import check_pin
+    from kvprobe.server.pin import check_pin
 
     invs = await inventories()
     pin = check_pin(invs[0], invs[1:])
@@ -110,7 +110,7 @@ async def test_the_three_dense_servers_are_one_knob_apart_and_the_backend_is_not
 
 
 async def test_a_mamba_config_difference_is_named_by_the_one_knob_check() -> None:
-    from kvprobe.pin import check_pin
+    from kvprobe.server.pin import check_pin
 
     info = gpu_server_info("hybrid-auto")
     info["vllm_config"]["mamba_config"]["enable_stochastic_rounding"] = True
@@ -135,7 +135,7 @@ async def test_a_mamba_config_difference_is_named_by_the_one_knob_check() -> Non
 
 
 async def test_with_dev_mode_off_mamba_config_is_not_exposed_never_the_same() -> None:
-    from kvprobe.pin import check_pin
+    from kvprobe.server.pin import check_pin
 
     plain = GpuReplay("hybrid-auto")
     plain.routes.pop(("GET", "/server_info"))

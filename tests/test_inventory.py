@@ -5,8 +5,8 @@ import json
 import httpx
 from replay import MultiReplay, Replay, capture
 
-from kvprobe.client import Client
-from kvprobe.inventory import Inventory, take_inventories, take_inventory
+from kvprobe.server.client import Client
+from kvprobe.server.inventory import Inventory, take_inventories, take_inventory
 
 
 async def inventory_of(replay: Replay, **kw) -> Inventory:
@@ -130,7 +130,7 @@ async def test_without_server_info_the_platform_is_not_exposed() -> None:
 
 
 def test_smoke_spans_more_than_one_attention_block_when_the_block_is_known() -> None:
-    from kvprobe.inventory import smoke_length
+    from kvprobe.server.inventory import smoke_length
 
     # The hybrid with a 16-bit SSM state: max_model_len 512, attention block 256. Half of 512 stays in
     # one block (the real server serves it); 272 crosses into a second (the real server dies at 268).

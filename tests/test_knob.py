@@ -15,9 +15,9 @@ from replay import capture
 from kvprobe import knob
 from kvprobe.config import parse_config
 from kvprobe.errors import ConfigError
-from kvprobe.inventory import Inventory
-from kvprobe.pin import check_pin
-from kvprobe.scrape import parse_metrics
+from kvprobe.server.inventory import Inventory
+from kvprobe.server.metrics import parse_metrics
+from kvprobe.server.pin import check_pin
 
 
 def hybrid_text(ssm: str = "float32", kv: str = "auto") -> str:

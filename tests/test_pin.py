@@ -4,9 +4,9 @@ import re
 
 from replay import capture
 
-from kvprobe.inventory import Inventory
-from kvprobe.pin import check_pin
-from kvprobe.scrape import parse_metrics
+from kvprobe.server.inventory import Inventory
+from kvprobe.server.metrics import parse_metrics
+from kvprobe.server.pin import check_pin
 
 
 def inv(name: str, server: str, metrics: str, **kw) -> Inventory:
@@ -53,7 +53,7 @@ def test_cache_config_label_version_and_model_differences() -> None:
 
 
 def test_fingerprint_build_part_compared_hash_ignored() -> None:
-    from kvprobe.inventory import Smoke
+    from kvprobe.server.inventory import Smoke
 
     a = inv("a", "auto-8101", "metrics_fresh", smoke=Smoke(ok=True, system_fingerprint="vllm-0.32.0-aaaa1111"))
     b = inv("b", "fp8-8102", "metrics_fresh", smoke=Smoke(ok=True, system_fingerprint="vllm-0.32.0-bbbb2222"))
@@ -84,7 +84,7 @@ def server_info(name: str) -> dict:
 
 
 def test_server_info_of_real_auto_and_fp8_differs_only_in_kv_dtype() -> None:
-    from kvprobe.inventory import engine_facts
+    from kvprobe.server.inventory import engine_facts
 
     a = inv("auto", "auto-8101", "metrics_fresh", server_info=engine_facts(server_info("auto")))
     b = inv("fp8", "fp8-8102", "metrics_fresh", server_info=engine_facts(server_info("fp8")))
@@ -95,7 +95,7 @@ def test_server_info_of_real_auto_and_fp8_differs_only_in_kv_dtype() -> None:
 
 
 def test_server_info_catches_what_metrics_cannot_show() -> None:
-    from kvprobe.inventory import engine_facts
+    from kvprobe.server.inventory import engine_facts
 
     fp8 = server_info("fp8")
     fp8["vllm_config"]["scheduler_config"]["max_num_batched_tokens"] = 8192
@@ -110,7 +110,7 @@ def test_server_info_catches_what_metrics_cannot_show() -> None:
 
 
 def test_engine_facts_keep_no_environment_dump() -> None:
-    from kvprobe.inventory import engine_facts
+    from kvprobe.server.inventory import engine_facts
 
     facts = engine_facts(server_info("auto"))
     assert not any(k.startswith("system.env") for k in facts)
@@ -119,7 +119,7 @@ def test_engine_facts_keep_no_environment_dump() -> None:
 
 
 def test_local_paths_and_addresses_in_the_engine_env_do_not_count() -> None:
-    from kvprobe.inventory import engine_facts
+    from kvprobe.server.inventory import engine_facts
 
     fp8 = server_info("fp8")
     fp8["vllm_env"]["VLLM_CONFIG_ROOT"] = "/home/other/.config/vllm"
@@ -132,8 +132,8 @@ def test_local_paths_and_addresses_in_the_engine_env_do_not_count() -> None:
 
 
 def dev_inv(name: str, server: str, info: dict | None) -> Inventory:
-    from kvprobe.inventory import engine_facts
-    from kvprobe.platform import platform_from_system_env
+    from kvprobe.server.inventory import engine_facts
+    from kvprobe.server.platform import platform_from_system_env
 
     if info is None:
         return inv(name, server, "metrics_fresh")

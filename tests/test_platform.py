@@ -5,7 +5,7 @@ import json
 import pytest
 from replay import dev_server_info, on_avx2
 
-from kvprobe.platform import Platform, platform_facts, platform_from_system_env
+from kvprobe.server.platform import Platform, platform_facts, platform_from_system_env
 
 REAL_ISA = ["avx2", "avx512_bf16", "avx512_vnni", "avx512f"]
 

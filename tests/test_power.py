@@ -1,4 +1,4 @@
-"""The power figures (kvprobe.power) for the test kvprobe runs: one-sided 2.5% against the bar."""
+"""The power figures (kvprobe.stats.power) for the test kvprobe runs: one-sided 2.5% against the bar."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 from scipy import stats
 
-from kvprobe import power
+from kvprobe.stats import power
 
 
 def test_passes_and_fails_with_80_percent_power_around_the_bar() -> None:

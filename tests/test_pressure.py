@@ -1,4 +1,4 @@
-"""KV-pressure diagnosis (kvprobe.pressure) on windows of real /metrics captures whose gauges and counters
+"""KV-pressure diagnosis (kvprobe.server.pressure) on windows of real /metrics captures whose gauges and counters
 are edited to tell a story: the CPU capture taken under load (auto-8101/metrics_under_load: vLLM 0.32, 32
 requests running, prefix-cache counters already counting) and the H200's (vllm-gpu-h200/auto/metrics.txt:
 vLLM 0.26). Only the values of existing series change; every name and label is the server's own."""
@@ -15,10 +15,10 @@ from replay import MultiReplay, Replay, capture, dev_server_info
 from replay_gpu import GPU_FIXTURES, PORTS, gpu_servers
 
 from kvprobe.cli.audit import WATCHED
-from kvprobe.client import Client
-from kvprobe.inventory import Inventory, take_inventories
-from kvprobe.pressure import Sample, TwoX, diagnose, increase, summarize, two_x_format
-from kvprobe.scrape import only_families, parse_metrics
+from kvprobe.server.client import Client
+from kvprobe.server.inventory import Inventory, take_inventories
+from kvprobe.server.metrics import only_families, parse_metrics
+from kvprobe.server.pressure import Sample, TwoX, diagnose, increase, summarize, two_x_format
 
 NEEDLE_LLAMA = Path(__file__).parents[1] / "demo" / "models" / "needle-llama" / "config.json"
 CPU_LOAD = capture("auto-8101", "metrics_under_load").decode()

@@ -23,14 +23,15 @@ from needle_fakes import NeedleModel, ToyTokenizer
 from replay import FIXTURES, MultiReplay, Replay
 from rich.console import Console
 
-from kvprobe import cli, evaluation
-from kvprobe.canary import canary_config
+from kvprobe import cli
 from kvprobe.config import parse_config
 from kvprobe.errors import ConfigError
-from kvprobe.evaluation import check_resume, run_eval
-from kvprobe.evidence import gather
-from kvprobe.fit import CapMisfit, suggested_cap
-from kvprobe.store import RunDir
+from kvprobe.evaluate import orchestrate as evaluation
+from kvprobe.evaluate.canary import canary_config
+from kvprobe.evaluate.orchestrate import check_resume, run_eval
+from kvprobe.run.store import RunDir
+from kvprobe.server.fit import CapMisfit, suggested_cap
+from kvprobe.verdict.evidence import gather
 
 HYBRID = FIXTURES / "hybrid-nemotronh"
 MAKE_CLIENTS = evaluation.make_clients  # the real one: the CLI tests give it their replay transport

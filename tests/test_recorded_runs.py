@@ -11,7 +11,7 @@ import orjson
 import pytest
 from recorded import RUNS, rejudge
 
-from kvprobe.verdict import rederive, verdict_bytes
+from kvprobe.verdict.build import rederive, verdict_bytes
 
 
 def _checks(verdict: dict, cand: str) -> dict[str, dict]:

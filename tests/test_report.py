@@ -17,7 +17,7 @@ from verdict_inputs import Measurements, needle_cases, perplexity_rows
 from kvprobe.cli import main
 from kvprobe.report.plots import request_latencies
 from kvprobe.report.write import render_reports
-from kvprobe.verdict import write_verdict
+from kvprobe.verdict.build import write_verdict
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]

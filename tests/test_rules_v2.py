@@ -1,5 +1,5 @@
 """rules/2 stays re-derivable: every recorded rules/2 verdict (real runs on an Intel Xeon with AMX and on an
-NVIDIA H200) gives the same decisions, checks, recommendation and exit code under kvprobe.rules_v2."""
+NVIDIA H200) gives the same decisions, checks, recommendation and exit code under kvprobe.verdict.rules_v2."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from kvprobe import rules_v2
-from kvprobe.verdict import rederive, same
+from kvprobe.verdict import rules_v2
+from kvprobe.verdict.build import rederive, same
 
 RUNS = Path(__file__).parent / "fixtures" / "runs"
 INPUT_KEYS = ("reference", "order", "bars", "servers", "pin", "broken", "probes", "probes_status")
@@ -47,7 +47,7 @@ def test_a_rules2_run_directory_agrees_with_its_verdict_where_both_forms_carry_n
     import gzip
     import shutil
 
-    from kvprobe.verify import check_against_run
+    from kvprobe.verdict.verify import check_against_run
 
     run = tmp_path / "xeon"
     shutil.copytree(RUNS / "xeon-amx-demo", run)

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from kvprobe import rxstamp
-from kvprobe.streaming import _chunk_ends, _Framing
+from kvprobe.server import rxstamp
+from kvprobe.server.streaming import _chunk_ends, _Framing
 
 # timing-sensitive: scripts/test runs these alone, after the parallel unit tests
 pytestmark = pytest.mark.serial

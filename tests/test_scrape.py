@@ -6,7 +6,7 @@ import pytest
 from replay import capture
 
 from kvprobe.errors import MetricsError
-from kvprobe.scrape import KV_USAGE, counter_deltas, parse_metrics
+from kvprobe.server.metrics import KV_USAGE, counter_deltas, parse_metrics
 
 
 def metrics(server: str, name: str) -> str:

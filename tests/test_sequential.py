@@ -1,4 +1,4 @@
-"""The group-sequential speed decision (kvprobe/sequential.py): looks, calibration, boundaries, the
+"""The group-sequential speed decision (kvprobe/stats/sequential.py): looks, calibration, boundaries, the
 decision at and between looks, drift and the Williams orders. Operating characteristics over many
 simulated runs are benchmarks/speed_decision.py's; one small seeded simulation here guards the
 false-pass rate on the bar."""
@@ -12,7 +12,8 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
-from kvprobe.sequential import (
+from kvprobe.stats import t_quantile
+from kvprobe.stats.sequential import (
     MIN_LOOK,
     Design,
     calibrate,
@@ -25,7 +26,6 @@ from kvprobe.sequential import (
     settle,
     williams,
 )
-from kvprobe.stats import t_quantile
 
 MARGIN = -math.log(1 - 0.05)  # throughput_drop_max 0.05 on the log-loss scale
 DEFAULT_LOOKS = (4, 8, 12, 16, 20)

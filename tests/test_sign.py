@@ -16,10 +16,10 @@ from click.testing import CliRunner
 from verdict_inputs import Measurements
 
 from kvprobe.cli import main
-from kvprobe.errors import ConfigError
-from kvprobe.sign import (
+from kvprobe.errors import ConfigError, SignatureError
+from kvprobe.verdict.build import verdict_bytes, write_verdict
+from kvprobe.verdict.sign import (
     NAMESPACE,
-    SignatureError,
     allowed_signers_line,
     load_signing_key,
     parse_allowed_signers,
@@ -27,8 +27,7 @@ from kvprobe.sign import (
     sign_file,
     verify,
 )
-from kvprobe.verdict import verdict_bytes, write_verdict
-from kvprobe.verify import verify_verdict
+from kvprobe.verdict.verify import verify_verdict
 
 SSH_KEYGEN = shutil.which("ssh-keygen")
 # The standard tool is the point of these tests: in CI its absence is a failure, not a skip.

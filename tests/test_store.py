@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from kvprobe.errors import ConfigError
-from kvprobe.store import RunDir, dumps
+from kvprobe.run.store import RunDir, dumps
 
 
 def test_create_names_run_by_utc_time(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The client's stream pool (kvprobe.streaming) over real sockets: keep-alive reuse, error bodies,
+"""The client's stream pool (kvprobe.server.streaming) over real sockets: keep-alive reuse, error bodies,
 refused connections, a stale keep-alive connection, headers; bodies are real vLLM captures."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import asyncio
 import pytest
 from replay import capture
 
-from kvprobe.client import Client
-from kvprobe.streaming import StreamPool
+from kvprobe.server.client import Client
+from kvprobe.server.streaming import StreamPool
 
 # timing-sensitive: scripts/test runs these alone, after the parallel unit tests
 pytestmark = pytest.mark.serial

@@ -8,7 +8,8 @@ import pytest
 from click.testing import CliRunner
 from replay import SERVERS_TOML
 
-from kvprobe import cli, evaluation
+from kvprobe import cli
+from kvprobe.evaluate import orchestrate as evaluation
 
 SERVERS = """
 [tasks]

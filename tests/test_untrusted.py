@@ -12,12 +12,13 @@ import httpx
 import pytest
 from replay import Replay, capture
 
-from kvprobe.client import Client
-from kvprobe.inventory import take_inventory
+from kvprobe.errors import Unreadable
 from kvprobe.load.stats import request_row
 from kvprobe.quality.divergence import parse_prompt_logprobs
-from kvprobe.scrape import parse_metrics
-from kvprobe.untrusted import Unreadable, count, number
+from kvprobe.server.client import Client
+from kvprobe.server.inventory import take_inventory
+from kvprobe.server.metrics import parse_metrics
+from kvprobe.server.untrusted import count, number
 
 GARBLED = [("inf", "not a finite number"), ("nan", "not a finite number"), ("-5", "below 1"),
            ("1e30", "absurdly large"), ("abc", "not a number")]

@@ -8,7 +8,7 @@ import orjson
 import pytest
 from verdict_inputs import Measurements, agreement_rows, load_cases, needle_cases, perplexity_rows
 
-from kvprobe.verdict import build_verdict, rederive, verdict_bytes
+from kvprobe.verdict.build import build_verdict, rederive, verdict_bytes
 
 
 def verdict_of(m: Measurements, tmp_path: Path, name: str = "run") -> dict:

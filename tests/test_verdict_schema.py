@@ -1,4 +1,4 @@
-"""The published verdict schema (kvprobe.verdict_schema): the checked-in JSON Schema is the model's, every
+"""The published verdict schema (kvprobe.verdict.schema): the checked-in JSON Schema is the model's, every
 recorded verdict and every verdict kvprobe builds follows it, the current schema's structured fields say
 what the words say, and `kvprobe verify` refuses a verdict that breaks its schema before re-deriving it."""
 
@@ -15,12 +15,11 @@ from click.testing import CliRunner
 from recorded import RUNS, rejudge
 from verdict_inputs import Measurements
 
-from kvprobe import rules_v2, verdict_schema
-from kvprobe.checks import STRUCTURED_KEYS
 from kvprobe.cli import main
-from kvprobe.evidence import PROBES
-from kvprobe.sign import allowed_signers_line, load_signing_key, sign_file
-from kvprobe.verdict import (
+from kvprobe.errors import SchemaViolation
+from kvprobe.verdict import rules_v2
+from kvprobe.verdict import schema as verdict_schema
+from kvprobe.verdict.build import (
     DECISIONS,
     OLDER_RULES,
     OLDER_SCHEMAS,
@@ -31,16 +30,11 @@ from kvprobe.verdict import (
     verdict_bytes,
     write_verdict,
 )
-from kvprobe.verdict_schema import (
-    CHECK_ID,
-    REGENERATE,
-    SCHEMA_FILE,
-    SchemaViolation,
-    VerdictModelError,
-    problems,
-    schema_text,
-)
-from kvprobe.verify import verify_verdict
+from kvprobe.verdict.checks import STRUCTURED_KEYS
+from kvprobe.verdict.evidence import PROBES
+from kvprobe.verdict.schema import CHECK_ID, REGENERATE, SCHEMA_FILE, VerdictModelError, problems, schema_text
+from kvprobe.verdict.sign import allowed_signers_line, load_signing_key, sign_file
+from kvprobe.verdict.verify import verify_verdict
 
 RECORDED = sorted(p.parent.name for p in RUNS.glob("*/verdict.json"))
 
@@ -67,7 +61,7 @@ def current(tmp_path_factory) -> dict:
 def test_the_checked_in_schema_is_the_models() -> None:
     assert SCHEMA_FILE.is_file(), f"{SCHEMA_FILE} is missing: write it with `{REGENERATE}` (or scripts/schema)"
     if SCHEMA_FILE.read_text() != schema_text():
-        pytest.fail(f"schemas/{SCHEMA_FILE.name} differs from the verdict model (kvprobe/verdict_schema.py): "
+        pytest.fail(f"schemas/{SCHEMA_FILE.name} differs from the verdict model (kvprobe/verdict/schema.py): "
                     f"regenerate it with `{REGENERATE}` (or scripts/schema) and commit it", pytrace=False)
 
 
@@ -162,7 +156,7 @@ def test_the_current_rules_in_the_earlier_schema_still_rederive(current: dict) -
 
 
 def test_a_verdict_its_own_model_rejects_is_a_bug_not_a_result(tmp_path, monkeypatch) -> None:
-    import kvprobe.verdict as verdict_module
+    import kvprobe.verdict.build as verdict_module
 
     real = verdict_module.decide
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from verdict_inputs import Measurements, tasks_summary
 
-from kvprobe.verdict import build_verdict, rederive
+from kvprobe.verdict.build import build_verdict, rederive
 
 
 def with_tasks(ref: list[float], cand: list[float], **kw) -> Measurements:

@@ -17,7 +17,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from click.testing import CliRunner
 from test_disk_full import trio
 
-from kvprobe import cli, evaluation
+from kvprobe import cli
+from kvprobe.evaluate import orchestrate as evaluation
 
 
 def main(servers: str, out: str, mode: str) -> None:

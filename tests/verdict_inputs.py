@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kvprobe.store import RunDir
+from kvprobe.run.store import RunDir
 
 BARS = {"perplexity_delta_max": 0.01, "needle_recall_drop_max": 0.10, "capacity_gain_min": 0.05,
         "throughput_drop_max": 0.05, "p99_latency_rise_max": 0.10, "kl_mean_max": None,

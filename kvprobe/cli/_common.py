@@ -14,18 +14,18 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
+from kvprobe.cli.crash import note_run, note_secrets
 from kvprobe.config import load_config
-from kvprobe.crash import note_run, note_secrets
-from kvprobe.disk import DiskError
 from kvprobe.errors import (
     EXIT_CANNOT_RUN,
     EXIT_INTERRUPTED,
     ConfigError,
+    DiskError,
     KvprobeError,
 )
 from kvprobe.report.ci import CiOutputs
 from kvprobe.report.terminal import capacity_table
-from kvprobe.store import RunDir
+from kvprobe.run.store import RunDir
 
 err_console = Console(stderr=True)
 # Tables wider than 80 columns stay readable when stdout is a pipe or a CI log.
@@ -112,7 +112,7 @@ PROBES_HELP = ("comma-separated probes: capacity,perplexity,agreement,needle,loa
 
 
 def _signing_key(key: Path | None):  # -> SigningKey
-    from kvprobe.sign import default_allowed_signers, load_signing_key
+    from kvprobe.verdict.sign import default_allowed_signers, load_signing_key
 
     signing_key = load_signing_key(key)
     if signing_key.created:
@@ -123,7 +123,7 @@ def _signing_key(key: Path | None):  # -> SigningKey
 
 
 def _open_run(out: Path | None, resume: Path | None, config, probes: str | None) -> tuple[RunDir, list[str]]:
-    from kvprobe.evaluation import available_probes, check_resume
+    from kvprobe.evaluate.orchestrate import available_probes, check_resume
 
     if out is not None and resume is not None:
         raise ConfigError(["--out and --resume: give one (--resume reopens an existing run directory)"])
@@ -176,7 +176,7 @@ def resume_hint(run: RunDir, servers_file: Path | None) -> str:
 def _run(config, run: RunDir, probe_list: list[str], key: Path | None, resume: bool,
          left_out: list[dict[str, str]] | None = None, servers_file: Path | None = None,
          deadline: float | None = None):  # -> EvalOutcome
-    from kvprobe.evaluation import run_eval_sync
+    from kvprobe.evaluate.orchestrate import run_eval_sync
 
     note_run(run.path)
     signing_key = _signing_key(key)

@@ -19,9 +19,8 @@ from kvprobe.cli._common import (
     err_console,
     out_console,
 )
-from kvprobe.client import Client
+from kvprobe.cli.crash import note_secrets
 from kvprobe.config import Server
-from kvprobe.crash import note_secrets
 from kvprobe.errors import (
     EXIT_BROKEN,
     EXIT_CANNOT_RUN,
@@ -29,12 +28,13 @@ from kvprobe.errors import (
     EXIT_UNREADABLE,
     ConfigError,
     KvprobeError,
+    Unreadable,
 )
-from kvprobe.inventory import NOT_TAKEN, Inventory, take_inventories
-from kvprobe.pressure import INTERVAL_S, MIN_WINDOW_S, Diagnosis, Sample, diagnose, summarize, two_x_format
 from kvprobe.report.fleet import differences, fleet_table, group_by_model, host_port, pressure_table
 from kvprobe.report.platform_text import platform_json, platform_short, platform_text
-from kvprobe.scrape import (
+from kvprobe.server.client import Client
+from kvprobe.server.inventory import NOT_TAKEN, Inventory, take_inventories
+from kvprobe.server.metrics import (
     GENERATION_TOKENS,
     KV_USAGE,
     PREEMPTIONS,
@@ -47,7 +47,8 @@ from kvprobe.scrape import (
     only_families,
     parse_metrics,
 )
-from kvprobe.untrusted import Unreadable, number
+from kvprobe.server.pressure import INTERVAL_S, MIN_WINDOW_S, Diagnosis, Sample, diagnose, summarize, two_x_format
+from kvprobe.server.untrusted import number
 
 SCHEMA = "kvprobe.audit/1"
 # What --watch reads: a few gauges and counters, not the histograms that are most of /metrics.
@@ -135,7 +136,7 @@ def audit(urls: tuple[str, ...], as_json: bool, watch_text: str | None, api_key_
 
 
 def watch_seconds(text: str) -> float:
-    from kvprobe.budget import parse_duration
+    from kvprobe.run.budget import parse_duration
 
     seconds = parse_duration(text, "--watch")
     if seconds < MIN_WINDOW_S:

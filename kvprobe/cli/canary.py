@@ -20,15 +20,15 @@ from kvprobe.cli._common import (
     set_view,
     view_options,
 )
+from kvprobe.cli.crash import note_secrets
 from kvprobe.config import load_config
-from kvprobe.crash import note_secrets
 from kvprobe.errors import (
     EXIT_CANNOT_RUN,
     ConfigError,
     KvprobeError,
 )
 from kvprobe.report.ci import CiOutputs
-from kvprobe.store import RunDir
+from kvprobe.run.store import RunDir
 
 
 @click.command(name="canary")
@@ -52,8 +52,8 @@ def canary_cmd(servers_file: Path, baseline: Path | None, allowed_signers: Path 
     """A fast subset for a staging pipeline: smoke, capacity, short perplexity, a few needles, a short
     load case. Exit 0 pass, 1 a bar fails (or drift beyond a bar from --baseline), 2 cannot run,
     3 invalid, 4 broken."""
-    from kvprobe.budget import parse_budget
-    from kvprobe.canary import canary_config, canary_probes, compare_with_baseline, drift_table
+    from kvprobe.evaluate.canary import canary_config, canary_probes, compare_with_baseline, drift_table
+    from kvprobe.run.budget import parse_budget
 
     started = time.monotonic()
     set_view(verbose, quiet)
@@ -66,7 +66,7 @@ def canary_cmd(servers_file: Path, baseline: Path | None, allowed_signers: Path 
         note_secrets([server.api_key_env for server in config.servers])
         base = None
         if baseline is not None:
-            from kvprobe.verify import verify_verdict
+            from kvprobe.verdict.verify import verify_verdict
 
             base = verify_verdict(baseline, allowed_signers)
             err_console.print(f"baseline {base.path}: signature ok ({base.signer.fingerprint}), decisions "

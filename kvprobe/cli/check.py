@@ -32,10 +32,10 @@ def check_cmd(servers_file: Path, probes: str | None, max_model_len: int | None,
     with their sizes, the bars and a rough time. Nothing is measured.
 
     Exit 0 fine, 2 a problem (one line each)."""
+    from kvprobe.cli.crash import note_secrets
     from kvprobe.config import load_config
-    from kvprobe.crash import note_secrets
-    from kvprobe.plan import build_plan, describe
-    from kvprobe.plan import reach as reach_servers
+    from kvprobe.evaluate.plan import build_plan, describe
+    from kvprobe.evaluate.plan import reach as reach_servers
 
     try:
         config = load_config(servers_file)

@@ -28,7 +28,7 @@ def compare_cmd(a: Path, b: Path, allowed_signers: Path | None, unsigned: bool, 
     Exit 0 no regression, 1 a regression (a decision worse in B, a candidate decided in A missing from B, or a
     check pass -> fail), 2 cannot compare (a verdict that does not verify without --unsigned, another reference
     or knob)."""
-    from kvprobe.compare import compare, describe, load_side
+    from kvprobe.evaluate.compare import compare, describe, load_side
 
     try:
         sides = [load_side(label, target, allowed_signers, unsigned) for label, target in (("A", a), ("B", b))]

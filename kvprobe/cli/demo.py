@@ -37,8 +37,8 @@ def demo(out: Path | None, probes: str | None, stop: bool, key: Path | None, hyb
     """Start the demo trio this CPU can run (real local vLLM CPU servers serving needle-llama, only the
     KV dtype differs) and evaluate it. With AVX-512: auto, fp8, int8_per_token_head; on AVX2 only:
     auto and bfloat16 KV on float32 weights, and fp8, which the engine refuses to start there."""
-    from kvprobe.demo import CAPACITY_ONLY_TOKENS, start_demo, write_servers_toml
-    from kvprobe.servers import LaunchError, stop_all
+    from kvprobe.testbed import LaunchError, stop_all
+    from kvprobe.testbed.demo import CAPACITY_ONLY_TOKENS, start_demo, write_servers_toml
 
     set_view(verbose, quiet)
     if hybrid:
@@ -70,9 +70,9 @@ def demo(out: Path | None, probes: str | None, stop: bool, key: Path | None, hyb
 def _demo_hybrid(out: Path | None, probes: str | None, key: Path | None) -> None:
     """One run directory per comparison, one after another; exits 0 once each has a signed verdict
     (its own exit code, which is the finding, is printed: a broken server is what the demo shows)."""
-    from kvprobe.demo_hybrid import start_comparison, stop_unneeded, write_config
-    from kvprobe.servers import LaunchError
-    from kvprobe.servers.hybrid_bed import comparisons
+    from kvprobe.testbed import LaunchError
+    from kvprobe.testbed.demo_hybrid import start_comparison, stop_unneeded, write_config
+    from kvprobe.testbed.hybrid import comparisons
 
     available = comparisons()
     chosen = list(available.values())

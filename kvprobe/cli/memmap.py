@@ -12,9 +12,9 @@ from kvprobe.cli._common import (
     err_console,
     out_console,
 )
-from kvprobe.disk import DiskError
 from kvprobe.errors import (
     ConfigError,
+    DiskError,
 )
 
 

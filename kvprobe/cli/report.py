@@ -14,12 +14,12 @@ from kvprobe.cli._common import (
     set_view,
     view_options,
 )
-from kvprobe.crash import note_run
-from kvprobe.disk import DiskError
+from kvprobe.cli.crash import note_run
 from kvprobe.errors import (
     ConfigError,
+    DiskError,
 )
-from kvprobe.store import RunDir
+from kvprobe.run.store import RunDir
 
 
 @click.command(name="report")
@@ -30,7 +30,7 @@ def report_cmd(run_dir: Path, verbose: bool = False, quiet: bool = False) -> Non
 
     Uses DIR/verdict.json when there is one; else decides from the measurements (unsigned, nothing
     written but the reports)."""
-    from kvprobe.verdict import build_verdict
+    from kvprobe.verdict.build import build_verdict
 
     set_view(verbose, quiet)
     try:

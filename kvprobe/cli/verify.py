@@ -27,7 +27,7 @@ def verify_cmd(target: Path, allowed_signers: Path | None, signer: str | None, a
     """Check a verdict's signature, then re-derive every decision from its numbers.
 
     TARGET is a run directory or its verdict.json. Exit 0 holds, 1 does not hold, 2 cannot check."""
-    from kvprobe.verify import verify_verdict
+    from kvprobe.verdict.verify import verify_verdict
 
     try:
         result = verify_verdict(target, allowed_signers, signer)

@@ -4,7 +4,7 @@ A load generator that is itself the bottleneck measures itself: its p99s are its
 and its throughput is its CPU. So every case records, on the client:
 - loop lag: how late a 10 ms ticker wakes (any callback of the loop is late by as much);
 - read lag: how long bytes waited between their kernel receive stamp and the loop reading them
-  (kvprobe.rxstamp; only with kernel stamps);
+  (kvprobe.server.rxstamp; only with kernel stamps);
 - CPU: the process's CPU seconds over the case's wall seconds (1.0 is one core, all of it).
 
 `client_limited` (the rule the verdict applies): the client could move a p99 by more than a tenth of

@@ -23,12 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from kvprobe.client import Client, Generation
 from kvprobe.config import LoadSettings
 from kvprobe.errors import KvprobeError
 from kvprobe.load.client_load import ClientLoad, watching
 from kvprobe.load.stats import request_row
 from kvprobe.load.workload import Conversation, Shape, TextSource, conversation, request_body
+from kvprobe.server.client import Client, Generation
 
 
 @contextlib.contextmanager

@@ -10,7 +10,7 @@ run as N shards, agent a in shard a % N (kvprobe.load.generator), one per worker
   opened inside a case puts its TCP handshake in that request's TTFT). Worker k always runs shard k.
 - Every shard of a case starts at one time.perf_counter() value the parent picks: on Linux it is
   CLOCK_MONOTONIC, one clock for every process on the host, so the shards' rows share a time base
-  and their kernel stamps are on it too (kvprobe.rxstamp).
+  and their kernel stamps are on it too (kvprobe.server.rxstamp).
 - Each shard records its own rows, one JSON line each, in its own file in the run directory as they
   finish. The parent merges them into events.jsonl when the case ends and removes the files. A case
   that did not end leaves its files on disk (no load_case event: a rerun measures it again).
@@ -139,9 +139,9 @@ async def _close(clients: dict[tuple[str, str], Any]) -> None:
 
 
 async def _shard(job: ShardJob, progress: Any, stop: Any, clients: dict[tuple[str, str], Any]) -> ShardResult:
-    from kvprobe.client import Client
     from kvprobe.load.generator import CaseRunner
     from kvprobe.load.workload import TextSource
+    from kvprobe.server.client import Client
 
     s = job.server
     client = clients.get((s.name, s.url))

@@ -8,10 +8,10 @@ import contextlib
 import time
 from typing import Any
 
-from kvprobe.client import Client
 from kvprobe.errors import KvprobeError
 from kvprobe.load import spec_decode
-from kvprobe.scrape import (
+from kvprobe.server.client import Client
+from kvprobe.server.metrics import (
     GENERATION_TOKENS,
     KV_USAGE,
     PREEMPTIONS,

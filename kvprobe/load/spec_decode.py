@@ -1,5 +1,5 @@
 """Speculative-decoding acceptance over a load case, from vLLM's spec_decode counters (their names and
-labels: kvprobe.scrape, after vllm/v1/spec_decode/metrics.py).
+labels: kvprobe.server.metrics, after vllm/v1/spec_decode/metrics.py).
 
 A KV dtype can cost draft acceptance while it buys capacity: fp8 KV took acceptance from 0.725 to 0.630
 and tokens per step from 4.63 to 4.15 for 1.70x the KV (vllm#55557). On a spec-decode deployment that
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kvprobe.scrape import SPEC_ACCEPTED, SPEC_ACCEPTED_PER_POS, SPEC_DRAFT_TOKENS, SPEC_DRAFTS, MetricsSnapshot
+from kvprobe.server.metrics import SPEC_ACCEPTED, SPEC_ACCEPTED_PER_POS, SPEC_DRAFT_TOKENS, SPEC_DRAFTS, MetricsSnapshot
 
 # The window's counts, by the key they are recorded under.
 COUNTS = {"drafts": SPEC_DRAFTS, "draft_tokens": SPEC_DRAFT_TOKENS, "accepted_tokens": SPEC_ACCEPTED}

@@ -12,11 +12,12 @@ import itertools
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
-from kvprobe.client import Generation
 from kvprobe.config import Slo
+from kvprobe.errors import Unreadable
 from kvprobe.load import spec_decode
+from kvprobe.server.client import Generation
+from kvprobe.server.untrusted import optional_count
 from kvprobe.stats import percentiles
-from kvprobe.untrusted import Unreadable, optional_count
 
 Status = Literal["ok", "incomplete", "error"]
 

@@ -14,12 +14,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from kvprobe.errors import KvprobeError
+from kvprobe.errors import PlacementError
 from kvprobe.needle.tokens import Encoder
-
-
-class PlacementError(KvprobeError):
-    """A case cannot be built (the target is shorter than the needle, question and template)."""
 
 
 @dataclass

@@ -12,13 +12,13 @@ from typing import Any
 
 import orjson
 
-from kvprobe import fit
 from kvprobe.config import NeedleSettings
 from kvprobe.corpus import filler_text
 from kvprobe.errors import ConfigError
 from kvprobe.needle.cases import CaseSpec, load_templates, resolve_grid
 from kvprobe.needle.placement import Filler, place, tokens_per_word
 from kvprobe.needle.tokens import Encoder
+from kvprobe.server import fit
 
 # With an estimated tokenizer the default longest prompt keeps this share of the room, so an
 # underestimate still fits.

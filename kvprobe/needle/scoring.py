@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from kvprobe.client import Generation
+from kvprobe.server.client import Generation
 
 Status = Literal["hit", "miss", "truncated", "error"]
 

@@ -1,7 +1,7 @@
 """Per-server counts and which cases each candidate lost or gained against the reference.
 
 Recall here is hit / (hit + miss), each server's own figure; the check that decides the bar
-(kvprobe.checks.answers) scores every planned case, an answer cut at the cap or failed as a miss on
+(kvprobe.verdict.checks.answers) scores every planned case, an answer cut at the cap or failed as a miss on
 either side. This module only counts: it judges nothing.
 """
 

@@ -11,12 +11,8 @@ import os
 import tempfile
 from typing import Any, Protocol
 
-from kvprobe.client import Client
-from kvprobe.errors import KvprobeError
-
-
-class TokenizerUnavailable(KvprobeError):
-    """No way to count tokens: no /tokenize anywhere and no usable tiktoken encoding."""
+from kvprobe.errors import TokenizerUnavailable
+from kvprobe.server.client import Client
 
 
 class Encoder(Protocol):

@@ -5,7 +5,7 @@ ctx.active(), appends every measurement to the events log as it happens (skippin
 run already has), writes DIR/<probe>.json and returns that summary.
 
 Optionally `preflight(config)`, checked before any server is asked anything, and `cannot_run(ctx) ->
-str | None`, asked after the inventory and before any probe runs (kvprobe.evaluation's fit phase):
+str | None`, asked after the inventory and before any probe runs (kvprobe.evaluate.orchestrate's fit phase):
 why the probe cannot run on these servers at kvprobe's default settings, or None when it fits; it
 raises ConfigError when a setting the operator wrote does not fit.
 """

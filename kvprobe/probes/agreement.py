@@ -29,8 +29,8 @@ from kvprobe.quality.own_data import task_source
 from kvprobe.quality.passages import split_ids
 
 if TYPE_CHECKING:
-    from kvprobe.client import Client
-    from kvprobe.evaluation import EvalContext
+    from kvprobe.evaluate.orchestrate import EvalContext
+    from kvprobe.server.client import Client
 
 
 async def fetch_positions(client: Client, prefix: int, ids: list[int], max_model_len: int,
@@ -56,7 +56,7 @@ async def fetch_positions(client: Client, prefix: int, ids: list[int], max_model
 
 def summarise_server(per_doc: list[Comparison]) -> dict[str, Any]:
     """Pooled over every position of every passage, and per passage the sums the checks judge from
-    (kvprobe.checks.quality: a ratio of sums over passages with a t interval)."""
+    (kvprobe.verdict.checks.quality: a ratio of sums over passages with a t interval)."""
     kl = np.concatenate([np.asarray(c.kl, float) for c in per_doc]) if per_doc else np.zeros(0)
     top1 = np.concatenate([np.asarray(c.top1, float) for c in per_doc]) if per_doc else np.zeros(0)
     diff = np.concatenate([np.asarray(c.diff, float) for c in per_doc]) if per_doc else np.zeros(0)
@@ -184,8 +184,8 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
             entry["error"] = ctx.broken[name]
         summary[name] = entry
     ctx.run.write_json("agreement.json", summary)
-    from kvprobe.checks import live_checks
     from kvprobe.report.summary import print_probe
+    from kvprobe.verdict.checks import live_checks
 
     checks = live_checks("agreement", summary, ctx.reference, list(summary), ctx.config.bars)
     print_probe(ctx.console, "agreement", checks, summary)

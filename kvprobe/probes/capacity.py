@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvprobe.inventory import Inventory
-from kvprobe.pin import PinCheck
-from kvprobe.untrusted import MAX_TOKENS, Unreadable, number
+from kvprobe.errors import Unreadable
+from kvprobe.server.inventory import Inventory
+from kvprobe.server.pin import PinCheck
+from kvprobe.server.untrusted import MAX_TOKENS, number
 
 if TYPE_CHECKING:  # memmap is imported only when servers.toml asks for it
     from kvprobe.memmap import Plan, Settings

@@ -24,10 +24,10 @@ from typing import Any
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kvprobe.corpus import filler_ids
-from kvprobe.errors import ServerError
-from kvprobe.evaluation import EvalContext
-from kvprobe.untrusted import Unreadable, optional_count
+from kvprobe.errors import ServerError, Unreadable
+from kvprobe.evaluate.orchestrate import EvalContext
+from kvprobe.server.tokens import filler_ids
+from kvprobe.server.untrusted import optional_count
 
 EVENT = "fill_done"
 

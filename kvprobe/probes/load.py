@@ -23,11 +23,9 @@ from typing import Any
 import orjson
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from kvprobe.budget import RESERVE_S
-from kvprobe.disk import DiskError, mkdir
-from kvprobe.errors import ConfigError, KvprobeError, Unreachable
-from kvprobe.evaluation import EvalContext
-from kvprobe.fit import tightest, written
+from kvprobe.disk import mkdir
+from kvprobe.errors import ConfigError, DiskError, KvprobeError, Unreachable
+from kvprobe.evaluate.orchestrate import EvalContext
 from kvprobe.load import spec_decode
 from kvprobe.load.client_load import limited
 from kvprobe.load.generator import CaseOutcome, CaseRunner
@@ -43,7 +41,9 @@ from kvprobe.load.workload import (
     shapes_of,
 )
 from kvprobe.report.summary import print_probe
-from kvprobe.sequential import of_settings, williams
+from kvprobe.run.budget import RESERVE_S
+from kvprobe.server.fit import tightest, written
+from kvprobe.stats.sequential import of_settings, williams
 
 # What the speed design declares before the run (recorded in load.json and the verdict's evidence).
 DESIGN_FIELDS = ("endpoint", "latency_endpoint", "max_blocks", "look_every", "repeats", "budget_s", "advisory")
@@ -364,7 +364,7 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
         await _run_blocks(ctx, shapes, digest, run_nonce, source, notes, servers, workers)
     summary = build_summary(ctx, digest, servers)
     ctx.run.write_json("load.json", summary)
-    from kvprobe.checks import live_checks
+    from kvprobe.verdict.checks import live_checks
 
     checks = live_checks("load", summary, ctx.reference, list(summary["servers"]), ctx.config.bars)
     print_probe(ctx.console, "load", checks, summary)
@@ -373,7 +373,7 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
 
 def _standing(ctx: EvalContext, digest: str, servers: list[str]) -> dict[str, list[dict[str, Any]]]:
     """Each candidate's speed checks on the blocks recorded so far: the same checks the verdict runs."""
-    from kvprobe.checks import live_checks
+    from kvprobe.verdict.checks import live_checks
 
     summary = build_summary(ctx, digest, servers)
     return live_checks("load", summary, ctx.reference, list(summary["servers"]), ctx.config.bars)

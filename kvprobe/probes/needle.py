@@ -13,10 +13,8 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kvprobe.client import Generation
-from kvprobe.errors import ConfigError, ServerError
-from kvprobe.evaluation import EvalContext
-from kvprobe.fit import tightest, written
+from kvprobe.errors import ConfigError, ServerError, Unreadable
+from kvprobe.evaluate.orchestrate import EvalContext
 from kvprobe.needle.cases import check_templates, filler_words, make_cases
 from kvprobe.needle.placement import Filler
 from kvprobe.needle.plan import build_cases, cap_misfit, fingerprint, grid, prompt_room
@@ -24,7 +22,9 @@ from kvprobe.needle.scoring import score
 from kvprobe.needle.summary import paired, server_summary
 from kvprobe.needle.tokens import Encoder, ServerEncoder, load_tiktoken
 from kvprobe.report.heatmap import paired_heatmap, status_heatmap
-from kvprobe.untrusted import Unreadable, optional_count
+from kvprobe.server.client import Generation
+from kvprobe.server.fit import tightest, written
+from kvprobe.server.untrusted import optional_count
 
 EVENT = "needle_case"
 CASES_FILE = "needle/cases.json"
@@ -200,8 +200,8 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
         await asyncio.gather(*jobs)
     summary = summarise(ctx, plan_id, meta)
     ctx.run.write_json("needle.json", summary)
-    from kvprobe.checks import live_checks
     from kvprobe.report.summary import print_probe
+    from kvprobe.verdict.checks import live_checks
 
     checks = live_checks("needle", summary, ctx.reference, list(summary["servers"]), ctx.config.bars)
     print_probe(ctx.console, "needle", checks)

@@ -3,7 +3,7 @@
 Every active server scores the task's passages through lm-eval (kvprobe.quality.lmeval), side by side, one
 thread per server, with identical settings. The reference runs `reference_repeats` times: its
 run-to-run delta is the noise floor. The probe records every passage's loglikelihood on every
-server; the check (kvprobe.checks.quality) judges the relative perplexity rise (unit: bytes by
+server; the check (kvprobe.verdict.checks.quality) judges the relative perplexity rise (unit: bytes by
 default) with a t interval over passages against `perplexity_delta_max`.
 
 Events: perplexity_plan (passages, tokens, windows, chunk crossing), perplexity_doc (one row per
@@ -33,7 +33,7 @@ from kvprobe.quality.passages import PassagePlan, plan_passage
 from kvprobe.quality.perplexity_stats import UNIT_FIELD, DocRow, perplexities
 
 if TYPE_CHECKING:
-    from kvprobe.evaluation import EvalContext
+    from kvprobe.evaluate.orchestrate import EvalContext
     from kvprobe.quality.lmeval import Target
 
 
@@ -272,8 +272,8 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
             summary["servers"][name]["lm_eval"] = agg.get("lm_eval")
             summary["servers"][name]["seconds"] = agg.get("seconds")
     ctx.run.write_json("perplexity.json", summary)
-    from kvprobe.checks import live_checks
     from kvprobe.report.summary import print_probe
+    from kvprobe.verdict.checks import live_checks
 
     checks = live_checks("perplexity", summary, ctx.reference, list(summary["servers"]), ctx.config.bars)
     print_probe(ctx.console, "perplexity", checks)
@@ -283,7 +283,7 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
 def summarise(ref: str, names: list[str], rows: dict[tuple[str, int], list[DocRow]], plans: list[PassagePlan],
               settings: Any, bar: float, broken: dict[str, str]) -> dict[str, Any]:
     """perplexity.json: per server its perplexities and, passage by passage, what the checks judge
-    from (kvprobe.checks.quality): the loglikelihood, the unit count the delta is on and, for the
+    from (kvprobe.verdict.checks.quality): the loglikelihood, the unit count the delta is on and, for the
     reference, its repeated runs' loglikelihoods (the run-to-run noise). Nothing is judged here."""
     unit = settings.delta_unit
     field = UNIT_FIELD[unit]

@@ -4,7 +4,7 @@ Each task in [tasks] names runs through lm-eval on every active server side by s
 requests (kvprobe.quality.task_eval). Every document's score is an event as soon as its server's
 run ends; a rerun into the same directory skips each (server, task) whose run is recorded with the
 same settings and documents. tasks.json keeps every document's score and whether the cap cut it;
-the checks (kvprobe.checks.answers) pair them with the reference's against `task_accuracy_drop_max`
+the checks (kvprobe.verdict.checks.answers) pair them with the reference's against `task_accuracy_drop_max`
 and `truncation_rise_max`.
 
 Events: tasks_plan (each task's kind, metric and documents), tasks_sample (one row per server,
@@ -23,12 +23,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from kvprobe.corpus import TASKS_DIR
 from kvprobe.errors import ConfigError
-from kvprobe.evaluation import EvalContext
-from kvprobe.fit import CapMisfit, cap_misfit, written
+from kvprobe.evaluate.orchestrate import EvalContext
 from kvprobe.probes.perplexity import is_server_failure, one_line, ordered_active, targets_for
 from kvprobe.quality import lmeval
 from kvprobe.quality.task_eval import SampleRow, TaskInfo, evaluate_task, load_task
 from kvprobe.quality.task_stats import accuracy
+from kvprobe.server.fit import CapMisfit, cap_misfit, written
 
 
 def settings_key(info: TaskInfo, limit: int | None, max_gen_toks: int, max_length: int) -> str:
@@ -65,7 +65,7 @@ async def _targets(ctx: EvalContext, names: list[str], infos: list[TaskInfo], ma
 def summarise(ref: str, names: list[str], infos: list[TaskInfo], rows: dict[tuple[str, str], list[SampleRow]],
               settings: Any, broken: dict[str, str]) -> dict[str, Any]:
     """tasks.json: per task and server its own score and, document by document, [doc, score, cut at
-    the cap]: the checks (kvprobe.checks.answers) pair these with the reference's and judge."""
+    the cap]: the checks (kvprobe.verdict.checks.answers) pair these with the reference's and judge."""
     tasks: dict[str, Any] = {}
     for info in infos:
         servers: dict[str, Any] = {}
@@ -162,8 +162,8 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
     summary = summarise(ref, names, infos, rows, settings, ctx.broken)
     summary["tasks_dir"] = str(tasks_dir)
     ctx.run.write_json("tasks.json", summary)
-    from kvprobe.checks import live_checks
     from kvprobe.report.summary import print_probe
+    from kvprobe.verdict.checks import live_checks
 
     checks = live_checks("tasks", summary, ctx.reference, names, ctx.config.bars)
     print_probe(ctx.console, "tasks", checks)

@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from kvprobe.untrusted import Unreadable, logprob, number
+from kvprobe.errors import Unreadable
+from kvprobe.server.untrusted import logprob, number
 
 TopK = dict[int, float]  # token id -> logprob, at one position
 

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from kvprobe.corpus import TASKS_DIR
-from kvprobe.untrusted import LOGPROB_MAX, Unreadable, logprob, number
+from kvprobe.errors import Unreadable
+from kvprobe.server.untrusted import LOGPROB_MAX, logprob, number
 
 # Before lm-eval pulls in datasets / huggingface_hub / transformers / tqdm, which read these once.
 for _var in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):

@@ -10,42 +10,17 @@ empty or malformed is one line at config time, before any server is asked anythi
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvprobe.corpus import TASKS_DIR
-from kvprobe.errors import ConfigError
 
 if TYPE_CHECKING:
     from kvprobe.config import PerplexitySettings
 
 OWN_TASK = "kvprobe_ppl_own"
 _TEMPLATE = TASKS_DIR / "perplexity" / "kvprobe_ppl.yaml"
-
-
-def check_passages(path: Path, where: str = "perplexity.passages") -> int:
-    """The number of passages in a JSONL file; ConfigError naming the file and line otherwise."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise ConfigError([f"{where} {path}: cannot read: {why}"]) from None
-    count = 0
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError:
-            raise ConfigError([f"{where} {path} line {n}: not JSON: give one {{\"text\": ...}} per line"]) from None
-        if not isinstance(row, dict) or not isinstance(row.get("text"), str) or not row["text"].strip():
-            raise ConfigError([f"{where} {path} line {n}: needs a non-empty \"text\" string"])
-        count += 1
-    if count == 0:
-        raise ConfigError([f"{where} {path}: no passages (one {{\"text\": ...}} per line)"])
-    return count
 
 
 def task_source(settings: PerplexitySettings) -> tuple[str, Path]:

@@ -2,7 +2,7 @@
 
 Perplexity over a set of documents is exp(total NLL / total units) (lm-eval's weighted perplexity),
 so a candidate's relative delta is exp((NLL_cand - NLL_ref) / units) - 1 on the same documents: the
-check (kvprobe.checks.quality) computes it, passage by passage paired, with a t interval.
+check (kvprobe.verdict.checks.quality) computes it, passage by passage paired, with a t interval.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 
 from kvprobe.quality import lmeval  # also puts every Hugging Face library offline
-from kvprobe.untrusted import number
+from kvprobe.server.untrusted import number
 
 GENERATE = "generate_until"
 SCORED = ("loglikelihood", "multiple_choice", GENERATE)
@@ -141,7 +141,7 @@ def _chat_class() -> type:
             return payload
 
         def parse_generations(self, outputs: Any, **kwargs: Any) -> list[str]:
-            from kvprobe.untrusted import Unreadable
+            from kvprobe.errors import Unreadable
 
             outs = outputs if isinstance(outputs, list) else [outputs]
             texts: list[str] = []

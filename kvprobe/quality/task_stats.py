@@ -1,6 +1,6 @@
 """One server's own task score: the mean over its answers within the cap, and how many the cap cut.
 
-The comparison with the reference, document by document, is the checks' (kvprobe.checks.answers).
+The comparison with the reference, document by document, is the checks' (kvprobe.verdict.checks.answers).
 """
 
 from __future__ import annotations

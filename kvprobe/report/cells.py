@@ -1,6 +1,6 @@
 """How a check reads in a table cell. The live tables (kvprobe.report.terminal), the final ones
 (kvprobe.report.tables), the JUnit file and the step summary word a check the same way, from the check
-alone: its value, interval and outcome come from kvprobe.checks and are never recomputed here.
+alone: its value, interval and outcome come from kvprobe.verdict.checks and are never recomputed here.
 
 Checks of both rules are read: rules/3 checks carry an `id` and power as passes_at_most /
 fails_at_least; rules/2 checks (older verdicts) have neither, and power as `detectable`.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from kvprobe.checks import pct
+from kvprobe.verdict.checks import pct
 
 # Relative bars: shown as percentages. The others are absolute: answers (needles, task scores) and
 # the answers cut at the cap as fractions with 3 decimals (a signed drop or rise); the agreement bars

@@ -12,13 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvprobe.errors import KvprobeError
+from kvprobe.errors import CiOutputError
 from kvprobe.report.junit import junit_xml, no_verdict_xml
 from kvprobe.report.step_summary import step_summary
-
-
-class CiOutputError(KvprobeError):
-    """A CI output file could not be written (exit 2, like any other write that fails)."""
 
 
 @dataclass

@@ -17,10 +17,10 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from kvprobe.inventory import Inventory
 from kvprobe.knob import FOLLOWING
-from kvprobe.pressure import Diagnosis
 from kvprobe.report.platform_text import platform_short
+from kvprobe.server.inventory import Inventory
+from kvprobe.server.pressure import Diagnosis
 
 # The facts compared within a model group, by their --json names.
 FACTS = ("cache_dtype", "max_model_len", "version", "platform", "kv_cache_tokens")

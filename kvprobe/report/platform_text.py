@@ -6,7 +6,7 @@ import re
 from collections import Counter
 from typing import Any
 
-from kvprobe.platform import Platform
+from kvprobe.server.platform import Platform
 
 NOT_EXPOSED = "platform not exposed"
 

@@ -19,8 +19,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from kvprobe.checks import natural_order, runs_by_case
-from kvprobe.store import RunDir
+from kvprobe.run.store import RunDir
+from kvprobe.verdict.checks import natural_order, runs_by_case
 
 COLORS = {"reference": "#1f77b4", "adopt": "#2ca02c", "reject": "#d62728", "inconclusive": "#ff9f1c",
           "no_gain": "#7f7f7f", "invalid": "#9467bd", "broken": "#252525",

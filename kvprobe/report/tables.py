@@ -7,11 +7,11 @@ from typing import Any
 
 import numpy as np
 
-from kvprobe.checks import natural_order, runs_by_case  # load cases grouped and ordered as the checks do
 from kvprobe.knob import DEFAULT as DEFAULT_KNOB
 from kvprobe.load import spec_decode
 from kvprobe.report import cells
 from kvprobe.report.platform_text import recorded_platform_text
+from kvprobe.verdict.checks import natural_order, runs_by_case  # load cases grouped and ordered as the checks do
 
 
 @dataclass
@@ -246,7 +246,7 @@ def tasks_table(v: dict[str, Any]) -> TableData | None:
 def power_table(v: dict[str, Any]) -> TableData | None:
     """One row per measured check, named by its metric and case: how large a true loss this run
     passes and fails with power 0.8, and for an inconclusive check what would settle it
-    (kvprobe.power). A rules/2 check's figures go in the columns they fit, the rest is '-'."""
+    (kvprobe.stats.power). A rules/2 check's figures go in the columns they fit, the rest is '-'."""
     t = TableData("Power: what this run can pass and fail", ["candidate", "check", "n", "se", "passes at most",
                                                              "fails at least", "limit", "outcome", "to settle it"])
     blocks = []

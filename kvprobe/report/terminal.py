@@ -8,7 +8,7 @@ from rich.console import RenderableType
 from rich.markup import escape
 from rich.table import Table
 
-from kvprobe.inventory import Inventory
+from kvprobe.server.inventory import Inventory
 
 
 def _num(value: Any, fmt: str = ",") -> str:

@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from kvprobe.disk import mkdir
+from kvprobe.errors import SignatureError
 from kvprobe.report import html, markdown, plots
-from kvprobe.sign import SignatureError, parse_signature
-from kvprobe.store import RunDir
+from kvprobe.run.store import RunDir
+from kvprobe.verdict.sign import parse_signature
 
 
 @dataclass

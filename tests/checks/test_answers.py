@@ -1,14 +1,14 @@
-"""The answers checks (kvprobe.checks.answers): every planned pair accounted for under the answer cap."""
+"""The answers checks (kvprobe.verdict.checks.answers): every planned pair accounted for under the answer cap."""
 
 from __future__ import annotations
 
 import pytest
 from verdict_inputs import tasks_summary
 
-from kvprobe.checks import judge_probe
-from kvprobe.checks.answers import Answer, pair_answers
 from kvprobe.config import Bars
-from kvprobe.evidence import read_tasks
+from kvprobe.verdict.checks import judge_probe
+from kvprobe.verdict.checks.answers import Answer, pair_answers
+from kvprobe.verdict.evidence import read_tasks
 
 HIT, MISS, CUT, ERR = Answer(True, 1.0), Answer(True, 0.0), Answer(False, 0.0, cut=True), Answer(False, 0.0)
 

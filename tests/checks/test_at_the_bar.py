@@ -1,5 +1,5 @@
 """A candidate exactly at a bar passes at most 2.5% of the time: a seeded simulation through the checks the
-verdict uses (kvprobe.checks.judge_probe), at the shipped sizes and default bars (40 needles, the 40
+verdict uses (kvprobe.verdict.checks.judge_probe), at the shipped sizes and default bars (40 needles, the 40
 documents of kvprobe_qa, a 0.10 margin on each). The same data under rules/2's percentile bootstrap passes
 far more often: the test tells the two apart."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvprobe import rules_v2
-from kvprobe.checks import judge_probe
 from kvprobe.config import Bars, NeedleSettings
+from kvprobe.verdict import rules_v2
+from kvprobe.verdict.checks import judge_probe
 
 SIMS = 2000
 NOMINAL = 0.025

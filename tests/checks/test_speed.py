@@ -1,4 +1,4 @@
-"""Speed checks (kvprobe.checks.speed): one declared endpoint decided by the group-sequential paired test
+"""Speed checks (kvprobe.verdict.checks.speed): one declared endpoint decided by the group-sequential paired test
 over blocks, and per-case guardrails that fail only past twice the bar and never gate adopt."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from kvprobe.checks import judge, judge_probe
 from kvprobe.config import Bars
-from kvprobe.verdict import decide
+from kvprobe.verdict.build import decide
+from kvprobe.verdict.checks import judge, judge_probe
 
 BARS = Bars(throughput_drop_max=0.05, p99_latency_rise_max=0.10)
 DESIGN = {"endpoint": "sweep", "latency_endpoint": None, "max_blocks": 20, "look_every": 4, "repeats": None}

@@ -19,15 +19,14 @@ from hypothesis import strategies as st
 from mutate import DEV_FIXTURES, FIXTURES, dump, json_body, load, mutated_json, nested, one_line
 from replay import Replay
 
-from kvprobe.client import Client
-from kvprobe.errors import ServerError
-from kvprobe.inventory import engine_facts, take_inventory
-from kvprobe.pin import check_pin
-from kvprobe.platform import Platform, platform_from_system_env
+from kvprobe.errors import ServerError, Unreadable
 from kvprobe.quality.divergence import compare, parse_prompt_logprobs
 from kvprobe.quality.lmeval import check_logprobs
-from kvprobe.store import dumps
-from kvprobe.untrusted import Unreadable
+from kvprobe.run.store import dumps
+from kvprobe.server.client import Client
+from kvprobe.server.inventory import engine_facts, take_inventory
+from kvprobe.server.pin import check_pin
+from kvprobe.server.platform import Platform, platform_from_system_env
 
 AUTO = FIXTURES / "auto-8101"
 

@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 from mutate import FIXTURES, WEIRD_TEXT, mutated_lines, one_line
 from replay import Replay
 
-from kvprobe.client import Client
-from kvprobe.errors import MetricsError
-from kvprobe.inventory import Inventory, attention_block, smoke_length, take_inventory
-from kvprobe.scrape import CACHE_CONFIG, MetricsSnapshot, counter_deltas, parse_metrics
-from kvprobe.store import dumps
-from kvprobe.untrusted import MAX_TOKENS, Unreadable
+from kvprobe.errors import MetricsError, Unreadable
+from kvprobe.run.store import dumps
+from kvprobe.server.client import Client
+from kvprobe.server.inventory import Inventory, attention_block, smoke_length, take_inventory
+from kvprobe.server.metrics import CACHE_CONFIG, MetricsSnapshot, counter_deltas, parse_metrics
+from kvprobe.server.untrusted import MAX_TOKENS
 
 CAPTURES = sorted([*FIXTURES.glob("*/metrics*.txt"), *FIXTURES.glob("*/metrics*.response.txt")])
 SEEDS = [p.read_text() for p in CAPTURES]

@@ -13,10 +13,10 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from mutate import FIXTURES, dump, garbage, mutated_bytes, mutated_json, mutated_lines, nested, one_line
 
-from kvprobe.client import Client, Generation, _SseFeed
 from kvprobe.load.stats import request_row
 from kvprobe.needle.scoring import score
-from kvprobe.store import dumps
+from kvprobe.run.store import dumps
+from kvprobe.server.client import Client, Generation, _SseFeed
 
 CAPTURES = sorted(FIXTURES.glob("*/*.sse"))
 SEEDS = [p.read_bytes() for p in CAPTURES]

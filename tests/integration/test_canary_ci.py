@@ -1,5 +1,5 @@
 """The GitHub Actions example's canary step, run by bash against the real vLLM trio (see
-kvprobe.servers.testbed): it fails the job with kvprobe's own exit code, keeps its --budget within 10%,
+kvprobe.testbed.scenarios): it fails the job with kvprobe's own exit code, keeps its --budget within 10%,
 and leaves a JUnit file a parser accepts, with a failure for each bar not passed, and a step summary."""
 
 from __future__ import annotations

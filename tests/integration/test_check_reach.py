@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from scenarios import trio
 
-from kvprobe.servers.launcher import tokens_served
+from kvprobe.testbed.launcher import tokens_served
 
 # It serves no token (/health and /v1/models only); a small declaration keeps the trio from being recycled.
 pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(1_000)]  # logged in conftest

@@ -1,7 +1,7 @@
 """A load case whose client is saturated is marked client_limited, against a real vLLM server, and the
 verdict leaves what the client could have moved out of the comparison: its latency figures always (they
 are timed by that client), its throughput where the client sent turns late by over a quarter of the bar
-of a request's span or used a whole core (kvprobe.checks.speed); the verdict says how many blocks went.
+of a request's span or used a whole core (kvprobe.verdict.checks.speed); the verdict says how many blocks went.
 
 Streams alone cannot saturate the client here: a vLLM CPU server on this 2-core box serves about a
 thousand tokens a second and the client handles a hundred times that (benchmarks/client_overhead.py).
@@ -23,9 +23,9 @@ from rich.console import Console
 from scenarios import trio, wait_quiet
 
 from kvprobe.config import Bars, load_config
-from kvprobe.evaluation import run_eval
+from kvprobe.evaluate.orchestrate import run_eval
 from kvprobe.load.client_load import throughput_effect
-from kvprobe.store import RunDir
+from kvprobe.run.store import RunDir
 
 pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(60_000)]  # logged in conftest
 

@@ -1,7 +1,7 @@
 """A 512-token hybrid pair evaluated at kvprobe's defaults, on real vLLM CPU servers: the run keeps its
 capacity finding when a probe's default settings cannot fit the servers.
 
-needle-hybrid (NemotronH, 8 Mamba2 + 2 attention layers, kvprobe.servers.hybrid_bed) at max_model_len
+needle-hybrid (NemotronH, 8 Mamba2 + 2 attention layers, kvprobe.testbed.hybrid) at max_model_len
 512: `auto` (bfloat16 KV, the model's dtype) against float16 KV, the same bytes per element, so it
 frees nothing on either CPU kind (no fp8 needed: the AVX2 kernels run float16 KV too). The servers.toml
 is demo/hybrid.toml without its [needle] and [load] tables: the default answer cap (1,024 tokens) leaves
@@ -24,10 +24,10 @@ import pytest
 from rich.console import Console
 
 from kvprobe.config import parse_config
-from kvprobe.demo_hybrid import config_text
-from kvprobe.evaluation import run_eval
-from kvprobe.servers.hybrid_bed import Comparison, comparisons
-from kvprobe.store import RunDir
+from kvprobe.evaluate.orchestrate import run_eval
+from kvprobe.run.store import RunDir
+from kvprobe.testbed.demo_hybrid import config_text
+from kvprobe.testbed.hybrid import Comparison, comparisons
 
 pytestmark = pytest.mark.integration
 

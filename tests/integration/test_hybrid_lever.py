@@ -1,5 +1,5 @@
 """The seed's third trap and its lever, on real vLLM CPU servers serving needle-hybrid (NemotronH, 8 Mamba2
-+ 2 attention layers) at max_model_len 512 (kvprobe.servers.hybrid_bed, issue 13):
++ 2 attention layers) at max_model_len 512 (kvprobe.testbed.hybrid, issue 13):
 
 - fp8 KV frees nothing (AVX-512 only), and the memory map names the knob that would;
 - `knob = "mamba_ssm_cache_dtype"`: a float16 SSM state is 1.86x with vLLM's defaults, and the engine
@@ -26,13 +26,13 @@ from rich.console import Console
 
 from kvprobe.config import parse_config
 from kvprobe.corpus import TASKS_DIR
-from kvprobe.demo_hybrid import config_text, start_comparison
-from kvprobe.evaluation import available_probes, run_eval
+from kvprobe.evaluate.orchestrate import available_probes, run_eval
 from kvprobe.memmap import Settings, build
-from kvprobe.scrape import parse_metrics
-from kvprobe.servers import ServerSpec, stop
-from kvprobe.servers.hybrid_bed import Comparison, comparisons
-from kvprobe.store import RunDir
+from kvprobe.run.store import RunDir
+from kvprobe.server.metrics import parse_metrics
+from kvprobe.testbed import ServerSpec, stop
+from kvprobe.testbed.demo_hybrid import config_text, start_comparison
+from kvprobe.testbed.hybrid import Comparison, comparisons
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from kvprobe.cli import main
-from kvprobe.servers import LocalServer
+from kvprobe.testbed import LocalServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(60_000)]  # logged in conftest
 

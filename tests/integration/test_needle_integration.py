@@ -1,6 +1,6 @@
 """The needle probe against real vLLM CPU servers serving needle-llama with
 --reasoning-parser deepseek_r1, KV dtypes side by side: the testbed's trio (the reference, a lossy 2x and,
-where this CPU runs one, a lossless 2x candidate; kvprobe.servers.testbed).
+where this CPU runs one, a lossless 2x candidate; kvprobe.testbed.scenarios).
 
 One run at the default settings but 20 needles at 1k..4k tokens (4 lengths by the default depths 0-100%;
 max_tokens 1024, temperature 0, the default bars) on the three servers at once is shared by the tests of
@@ -22,8 +22,8 @@ from scenarios import require, trio
 
 from kvprobe.config import parse_config
 from kvprobe.errors import EXIT_CANNOT_RUN
-from kvprobe.evaluation import run_eval
-from kvprobe.store import RunDir
+from kvprobe.evaluate.orchestrate import run_eval
+from kvprobe.run.store import RunDir
 
 pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(150_000)]  # logged in conftest
 

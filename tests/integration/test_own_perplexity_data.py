@@ -1,4 +1,4 @@
-"""The operator's own perplexity data on the real trio (kvprobe.servers.testbed): a JSONL corpus, and an
+"""The operator's own perplexity data on the real trio (kvprobe.testbed.scenarios): a JSONL corpus, and an
 lm-eval task folder of their own. The text is the help of stdlib modules the shipped passages do not
 use (pydoc, as Python renders it here): close to what needle-llama knows, and not what it was trained
 on. (The project's README was tried first: both servers score it near chance, 7.4 bits per byte, so
@@ -16,8 +16,8 @@ from scenarios import trio
 
 from kvprobe.config import load_config
 from kvprobe.corpus import TASKS_DIR
-from kvprobe.evaluation import run_eval
-from kvprobe.store import RunDir
+from kvprobe.evaluate.orchestrate import run_eval
+from kvprobe.run.store import RunDir
 
 pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(60_000)]  # logged in conftest
 

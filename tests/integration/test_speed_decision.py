@@ -1,4 +1,4 @@
-"""The speed decision against a real vLLM server (kvprobe.sequential, kvprobe.checks.speed): three names
+"""The speed decision against a real vLLM server (kvprobe.stats.sequential, kvprobe.verdict.checks.speed): three names
 for the one reference server. The twin is the same server under another name: an A/A pair, which must
 pass speed within the design's 20 blocks (no proxy for these two: on a 2-core box a Python proxy's
 threads take the cores the server computes on). The slow one goes through a pass-through proxy
@@ -22,14 +22,14 @@ import httpx
 import pytest
 from faultproxy import Fault, FaultProxy
 
-from kvprobe.servers import LocalServer
+from kvprobe.testbed import LocalServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(30_000)]  # logged in conftest
 
 # A 20% bar, declared for this box: on a 2-core machine that the server shares with its client, runs of 16
 # requests (3-4 s) spread by about 0.17 in block log ratio (measured on the AVX2 EPYC, 2026-12-03: an A/A
 # pair then passed a 10% bar only at the 20th block, 2 runs in 3). At 0.20 an equal candidate passes in
-# about 9 blocks and 99.9% of the time within 20 (kvprobe.sequential's design, as benchmarks/
+# about 9 blocks and 99.9% of the time within 20 (kvprobe.stats.sequential's design, as benchmarks/
 # speed_decision.py simulates it); a quiet machine passes the default 5% (same benchmark).
 CONFIG = """
 [bars]

@@ -1,4 +1,4 @@
-"""The tasks probe on the real trio (kvprobe.servers.testbed): the shipped kvprobe_qa (generate_until
+"""The tasks probe on the real trio (kvprobe.testbed.scenarios): the shipped kvprobe_qa (generate_until
 through the server's chat template) and a multiple-choice task of the operator's own (loglikelihood
 through local-completions), paired against the reference, into the signed verdict."""
 
@@ -18,8 +18,8 @@ from scenarios import trio
 
 from kvprobe.config import load_config
 from kvprobe.corpus import TASKS_DIR
-from kvprobe.evaluation import run_eval
-from kvprobe.store import RunDir
+from kvprobe.evaluate.orchestrate import run_eval
+from kvprobe.run.store import RunDir
 
 pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(150_000)]  # logged in conftest
 

@@ -11,7 +11,7 @@ import pytest
 from verdict_inputs import Measurements
 
 from kvprobe.load.client_load import limited, watching
-from kvprobe.verdict import build_verdict, rederive
+from kvprobe.verdict.build import build_verdict, rederive
 
 # timing-sensitive: scripts/test runs these alone, after the parallel unit tests
 pytestmark = pytest.mark.serial

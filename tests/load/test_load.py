@@ -14,12 +14,12 @@ import pytest
 from replay import MultiReplay, Replay, capture
 from rich.console import Console
 
-from kvprobe.client import Client
 from kvprobe.config import LoadSettings, Slo, parse_config
-from kvprobe.evaluation import run_eval
+from kvprobe.evaluate.orchestrate import run_eval
 from kvprobe.load.stats import combine_repeats, request_row, summarize_run
 from kvprobe.load.workload import TextSource, conversation, request_body, shapes_of
-from kvprobe.store import RunDir
+from kvprobe.run.store import RunDir
+from kvprobe.server.client import Client
 
 R1 = "reasoning-deepseek_r1-8104"
 

@@ -1,5 +1,5 @@
 """The load probe against real vLLM CPU servers (needle-llama; the reference and a 2x candidate differ
-only in KV dtype, see kvprobe.servers.testbed), and a real server that dies under load."""
+only in KV dtype, see kvprobe.testbed.scenarios), and a real server that dies under load."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from kvprobe.cli import main
-from kvprobe.servers import LocalServer, Testbed, start
-from kvprobe.servers.launcher import free_port, healthy
+from kvprobe.testbed import LocalServer, Testbed, start
+from kvprobe.testbed.launcher import free_port, healthy
 
 pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(100_000)]  # logged in conftest
 

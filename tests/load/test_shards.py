@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from replay import Replay
 
-from kvprobe.client import Client
 from kvprobe.config import LoadSettings
 from kvprobe.load.generator import CaseRunner, split
 from kvprobe.load.processes import merge_client, processes_for
 from kvprobe.load.workload import TextSource, shapes_of
+from kvprobe.server.client import Client
 
 
 async def _sent(settings: LoadSettings, agents: int, shard: tuple[int, int]) -> list[tuple[int, int, int]]:

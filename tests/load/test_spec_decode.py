@@ -24,16 +24,16 @@ from replay import MultiReplay, Replay, capture
 from rich.console import Console
 from verdict_inputs import Measurements
 
-from kvprobe.client import Client
 from kvprobe.config import Slo, parse_config
-from kvprobe.evaluation import run_eval
+from kvprobe.evaluate.orchestrate import run_eval
 from kvprobe.load import spec_decode
 from kvprobe.load.sampler import SAMPLED, MetricsSampler
 from kvprobe.load.stats import combine_repeats, summarize_run
 from kvprobe.report import markdown, tables, terminal
-from kvprobe.scrape import MetricsSnapshot, only_families, parse_metrics
-from kvprobe.store import RunDir
-from kvprobe.verdict import build_verdict
+from kvprobe.run.store import RunDir
+from kvprobe.server.client import Client
+from kvprobe.server.metrics import MetricsSnapshot, only_families, parse_metrics
+from kvprobe.verdict.build import build_verdict
 
 MODEL = "/models/tiny-llama"  # the captured servers' model_name label
 CREATED = "1.7959356238110845e+09"  # a _created value from the capture: prometheus_client's start time

@@ -19,7 +19,7 @@ from kvprobe.config import LoadSettings, Server
 from kvprobe.errors import KvprobeError
 from kvprobe.load.processes import START_DELAY_S, ShardJob, Workers, read_rows
 from kvprobe.load.workload import shapes_of
-from kvprobe.servers.launcher import free_port, healthy
+from kvprobe.testbed.launcher import free_port, healthy
 
 # timing-sensitive: scripts/test runs these alone, after the parallel unit tests
 pytestmark = pytest.mark.serial

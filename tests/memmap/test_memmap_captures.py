@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvprobe.memmap import Settings, build, load_config
-from kvprobe.scrape import parse_metrics
+from kvprobe.server.metrics import parse_metrics
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "vllm-cpu"
 HYBRID = FIXTURES / "hybrid-nemotronh"

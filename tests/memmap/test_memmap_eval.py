@@ -12,8 +12,8 @@ from rich.console import Console
 
 from kvprobe.config import parse_config
 from kvprobe.errors import ConfigError
-from kvprobe.evaluation import run_eval
-from kvprobe.store import RunDir
+from kvprobe.evaluate.orchestrate import run_eval
+from kvprobe.run.store import RunDir
 
 HYBRID = Path(__file__).parents[1] / "fixtures" / "vllm-cpu" / "hybrid-nemotronh"
 

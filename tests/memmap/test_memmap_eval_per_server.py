@@ -20,9 +20,9 @@ from replay import MultiReplay, Replay
 from rich.console import Console
 
 from kvprobe.config import parse_config
-from kvprobe.evaluation import run_eval
-from kvprobe.scrape import parse_metrics
-from kvprobe.store import RunDir
+from kvprobe.evaluate.orchestrate import run_eval
+from kvprobe.run.store import RunDir
+from kvprobe.server.metrics import parse_metrics
 
 HYBRID = Path(__file__).parents[1] / "fixtures" / "vllm-cpu" / "hybrid-nemotronh"
 CAPTURED = (HYBRID / "metrics-auto-maxlen512.txt").read_text()

@@ -1,5 +1,5 @@
 """memmap against real vLLM CPU servers: predicted kv_cache_size_tokens within 1% of /metrics, on the
-shared needle-llama trio of this CPU (kvprobe.servers.testbed; read-only: /metrics and /v1/models), with
+shared needle-llama trio of this CPU (kvprobe.testbed.scenarios; read-only: /metrics and /v1/models), with
 each server's weight dtype.
 
 The hybrid's prediction is checked on real servers where they already run: tests/integration/
@@ -19,8 +19,8 @@ import pytest
 from scenarios import trio
 
 from kvprobe.memmap import Settings, build
-from kvprobe.scrape import parse_metrics
-from kvprobe.servers.launcher import NEEDLE_LLAMA
+from kvprobe.server.metrics import parse_metrics
+from kvprobe.testbed.launcher import NEEDLE_LLAMA
 
 pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(20_000)]  # logged in conftest
 
@@ -54,8 +54,8 @@ async def test_eval_capacity_carries_the_memory_map(vllm_servers, tmp_path: Path
     from rich.console import Console
 
     from kvprobe.config import parse_config
-    from kvprobe.evaluation import run_eval
-    from kvprobe.store import RunDir
+    from kvprobe.evaluate.orchestrate import run_eval
+    from kvprobe.run.store import RunDir
 
     config = parse_config({
         "model_config": str(Path(NEEDLE_LLAMA) / "config.json"),

@@ -8,8 +8,9 @@ import random
 import pytest
 from needle_fakes import ToyTokenizer
 
+from kvprobe.errors import PlacementError
 from kvprobe.needle.cases import filler_words
-from kvprobe.needle.placement import Filler, PlacementError, common_prefix, place, tokens_per_word
+from kvprobe.needle.placement import Filler, common_prefix, place, tokens_per_word
 
 NEEDLE = "One of the special magic numbers for ready-lambda is: 4719305."
 QUESTION = "What is the special magic number for ready-lambda mentioned in the provided text?"

@@ -11,8 +11,8 @@ import pytest
 from needle_fakes import capture_json, capture_sse, sse_bytes
 from replay import FIXTURES
 
-from kvprobe.client import Client, Generation
 from kvprobe.needle.scoring import contains_value, found_in, score
+from kvprobe.server.client import Client, Generation
 
 VALUE = "2815901"
 SERVERS = ("reasoning-deepseek_r1-8104", "reasoning-qwen3-8104")

@@ -6,12 +6,12 @@ import io
 
 from rich.console import Console
 
-from kvprobe.checks import live_checks
 from kvprobe.config import Bars
 from kvprobe.needle.summary import paired, server_summary
 from kvprobe.report.heatmap import paired_heatmap, paired_kind, status_heatmap
 from kvprobe.report.summary import print_probe
 from kvprobe.stats import mcnemar_p
+from kvprobe.verdict.checks import live_checks
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -39,7 +39,7 @@ def test_paired_lists_the_discordant_cases_and_judges_nothing() -> None:
     assert out["reference_hit_candidate_miss"] == [f"n{i:02d}" for i in range(2, 16)]
     assert out["reference_hit_candidate_truncated"] == ["n16", "n17", "n18", "n19"]
     assert out["pairs"] == 20 and out["mcnemar_p"] < 0.001
-    assert not {"outcome", "recall_drop", "bar"} & set(out)  # the checks judge (kvprobe.checks.answers)
+    assert not {"outcome", "recall_drop", "bar"} & set(out)  # the checks judge (kvprobe.verdict.checks.answers)
 
 
 def test_gains_are_listed_apart_from_losses() -> None:

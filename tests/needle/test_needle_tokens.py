@@ -8,7 +8,8 @@ import pytest
 import tiktoken
 import tiktoken.load
 
-from kvprobe.needle.tokens import TiktokenEncoder, TokenizerUnavailable, load_tiktoken, tiktoken_cache_dir
+from kvprobe.errors import TokenizerUnavailable
+from kvprobe.needle.tokens import TiktokenEncoder, load_tiktoken, tiktoken_cache_dir
 
 
 @pytest.fixture

@@ -8,10 +8,10 @@ import httpx
 import pytest
 from replay import Replay, capture
 
-from kvprobe.client import Client
 from kvprobe.errors import ConfigError
 from kvprobe.probes.agreement import fetch_positions, summarise_server
 from kvprobe.quality.divergence import Comparison
+from kvprobe.server.client import Client
 
 
 def _echo_prompt_logprobs(requests: list[list[int]]):

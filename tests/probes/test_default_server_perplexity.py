@@ -18,11 +18,11 @@ from rich.console import Console
 
 from kvprobe.config import parse_config
 from kvprobe.errors import EXIT_OK
-from kvprobe.evaluation import run_eval_sync
+from kvprobe.evaluate.orchestrate import run_eval_sync
 from kvprobe.quality import lmeval
-from kvprobe.servers import LocalServer, ServerSpec, start, stop
-from kvprobe.servers.launcher import free_port
-from kvprobe.store import RunDir
+from kvprobe.run.store import RunDir
+from kvprobe.testbed import LocalServer, ServerSpec, start, stop
+from kvprobe.testbed.launcher import free_port
 
 pytestmark = pytest.mark.integration
 

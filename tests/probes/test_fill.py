@@ -12,8 +12,8 @@ from rich.console import Console
 
 from kvprobe.config import parse_config
 from kvprobe.errors import EXIT_BROKEN
-from kvprobe.evaluation import run_eval
-from kvprobe.store import RunDir
+from kvprobe.evaluate.orchestrate import run_eval
+from kvprobe.run.store import RunDir
 
 CLAIMED = 1_048_576  # tiny-llama auto capture: kv_cache_size_tokens
 
@@ -87,7 +87,7 @@ async def test_fill_is_opt_in_and_resumes_without_refilling(tmp_path) -> None:
     await run_eval(config(0.01), RunDir.open(run.path), ["capacity", "fill"], console, transport=multi.transport())
     assert good.state["served"] == served  # recorded: not filled again
 
-    from kvprobe.evaluation import available_probes
+    from kvprobe.evaluate.orchestrate import available_probes
 
     assert "fill" not in available_probes()
 

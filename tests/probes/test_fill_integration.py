@@ -29,11 +29,11 @@ from rich.console import Console
 from kvprobe.cli import main
 from kvprobe.config import parse_config
 from kvprobe.errors import EXIT_BROKEN
-from kvprobe.evaluation import run_eval
-from kvprobe.scrape import RUNNING, parse_metrics
-from kvprobe.servers import LocalServer, Testbed, start_many
-from kvprobe.servers.launcher import free_port
-from kvprobe.store import RunDir
+from kvprobe.evaluate.orchestrate import run_eval
+from kvprobe.run.store import RunDir
+from kvprobe.server.metrics import RUNNING, parse_metrics
+from kvprobe.testbed import LocalServer, Testbed, start_many
+from kvprobe.testbed.launcher import free_port
 
 pytestmark = pytest.mark.integration
 

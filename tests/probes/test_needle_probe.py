@@ -14,10 +14,10 @@ from replay import MultiReplay
 from rich.console import Console
 
 from kvprobe.config import parse_config
-from kvprobe.errors import EXIT_BAR_FAILED, EXIT_BROKEN, ConfigError
-from kvprobe.evaluation import run_eval
-from kvprobe.needle.tokens import TiktokenEncoder, TokenizerUnavailable
-from kvprobe.store import RunDir
+from kvprobe.errors import EXIT_BAR_FAILED, EXIT_BROKEN, ConfigError, TokenizerUnavailable
+from kvprobe.evaluate.orchestrate import run_eval
+from kvprobe.needle.tokens import TiktokenEncoder
+from kvprobe.run.store import RunDir
 
 PNG = b"\x89PNG\r\n\x1a\n"
 CASE_KEYS = {"id", "length_tokens", "depth_tokens", "server", "status", "found_in"}

@@ -19,10 +19,10 @@ from rich.console import Console
 
 from kvprobe.config import parse_config
 from kvprobe.errors import EXIT_CANNOT_RUN, ConfigError
-from kvprobe.evaluation import EvalOutcome, run_eval
+from kvprobe.evaluate.orchestrate import EvalOutcome, run_eval
 from kvprobe.quality import lmeval
-from kvprobe.servers import NEEDLE_LLAMA
-from kvprobe.store import RunDir
+from kvprobe.run.store import RunDir
+from kvprobe.testbed import NEEDLE_LLAMA
 
 PORTS = {"auto": 8101, "fp8": 8102}
 

@@ -1,6 +1,6 @@
 """Perplexity and agreement probes against real vLLM CPU servers serving needle-llama.
 
-The testbed's trio (kvprobe.servers.testbed): the reference, a lossless 2x candidate that should pass
+The testbed's trio (kvprobe.testbed.scenarios): the reference, a lossless 2x candidate that should pass
 (fp8, AVX-512 only) and a lossy 2x candidate that wrecks the model on this CPU build and must fail
 (int8_per_token_head on AVX-512, bfloat16 KV on float32 weights on AVX2). The run happens once per
 module with every non-loopback connection forbidden (nothing may be downloaded), then the tests read
@@ -26,10 +26,10 @@ from scenarios import require, trio
 
 from kvprobe.config import parse_config
 from kvprobe.errors import EXIT_BAR_FAILED, EXIT_BROKEN, EXIT_OK
-from kvprobe.evaluation import EvalOutcome, run_eval_sync
-from kvprobe.servers import NEEDLE_LLAMA
-from kvprobe.servers.launcher import free_port
-from kvprobe.store import RunDir
+from kvprobe.evaluate.orchestrate import EvalOutcome, run_eval_sync
+from kvprobe.run.store import RunDir
+from kvprobe.testbed import NEEDLE_LLAMA
+from kvprobe.testbed.launcher import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(150_000)]  # logged in conftest
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from replay import FIXTURES
 
+from kvprobe.errors import Unreadable
 from kvprobe.quality.divergence import compare, compare_position, parse_prompt_logprobs
-from kvprobe.untrusted import Unreadable
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:

@@ -16,11 +16,11 @@ import httpx
 import pytest
 from replay import Replay, capture
 
-from kvprobe.client import Client
 from kvprobe.errors import ConfigError
 from kvprobe.quality import lmeval
 from kvprobe.quality.passages import rolling_windows
-from kvprobe.servers import NEEDLE_LLAMA
+from kvprobe.server.client import Client
+from kvprobe.testbed import NEEDLE_LLAMA
 
 TOKENIZER = lmeval.Tokenizer("huggingface", str(NEEDLE_LLAMA))
 

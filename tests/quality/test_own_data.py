@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from kvprobe.config import load_config
+from kvprobe.config import check_passages, load_config
 from kvprobe.errors import ConfigError
 from kvprobe.quality import lmeval
-from kvprobe.quality.own_data import OWN_TASK, check_passages, own_task_dir
+from kvprobe.quality.own_data import OWN_TASK, own_task_dir
 
 SERVERS = '[[server]]\nname = "a"\nurl = "http://127.0.0.1:1"\nrole = "reference"\n'
 

@@ -7,12 +7,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvprobe.checks.quality import perplexity_check
 from kvprobe.config import Bars
-from kvprobe.evidence import read_perplexity
 from kvprobe.probes.perplexity import summarise
 from kvprobe.quality.passages import plan_passage
 from kvprobe.quality.perplexity_stats import DocRow, perplexities
+from kvprobe.verdict.checks.quality import perplexity_check
+from kvprobe.verdict.evidence import read_perplexity
 
 
 def _rows(lls: list[float], nbytes: list[int], words: int = 100, tokens: int = 300) -> list[DocRow]:

@@ -10,9 +10,8 @@ import pytest
 from replay import FIXTURES
 
 from kvprobe.corpus import TASKS_DIR
-from kvprobe.errors import ConfigError
+from kvprobe.errors import ConfigError, Unreadable
 from kvprobe.quality import lmeval, task_eval
-from kvprobe.untrusted import Unreadable
 
 
 def test_the_shipped_task_loads_as_a_chat_task_on_exact_match() -> None:

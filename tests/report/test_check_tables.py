@@ -16,13 +16,13 @@ from rich.console import Console
 from rich.table import Table
 from verdict_inputs import Measurements, needle_cases, perplexity_rows, tasks_summary
 
-from kvprobe.checks import live_checks
 from kvprobe.cli import main
 from kvprobe.config import Bars
 from kvprobe.report import cells, tables
 from kvprobe.report.summary import print_probe
 from kvprobe.report.tables import TableData
-from kvprobe.verdict import build_verdict
+from kvprobe.verdict.build import build_verdict
+from kvprobe.verdict.checks import live_checks
 
 RUNS = Path(__file__).parent.parent / "fixtures" / "runs"
 

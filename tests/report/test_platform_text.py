@@ -2,11 +2,11 @@ from __future__ import annotations
 
 from replay import dev_server_info, on_avx2
 
-from kvprobe.platform import Platform, platform_from_system_env
 from kvprobe.report.markdown import table
 from kvprobe.report.platform_text import NOT_EXPOSED, platform_text
 from kvprobe.report.tables import servers_table
 from kvprobe.report.terminal import rich_table
+from kvprobe.server.platform import Platform, platform_from_system_env
 
 
 def test_one_line_per_platform() -> None:

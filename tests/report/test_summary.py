@@ -13,8 +13,8 @@ from click.testing import CliRunner
 from replay import SERVERS_TOML, MultiReplay, Replay
 from rich.console import Console
 
-from kvprobe import evaluation
 from kvprobe.cli import main
+from kvprobe.evaluate import orchestrate as evaluation
 from kvprobe.report import cells
 from kvprobe.report.summary import print_summary
 

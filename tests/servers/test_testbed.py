@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 from replay import dev_server_info, on_avx2
 
-from kvprobe.servers import testbed
-from kvprobe.servers.launcher import ServerSpec, engine_error, overruns
-from kvprobe.servers.testbed import FACTS, FORCE_NO_AVX512, _build, cpu_flags, detect_isa
+from kvprobe.testbed import testbed
+from kvprobe.testbed.cpu import cpu_flags
+from kvprobe.testbed.launcher import ServerSpec, engine_error, overruns
+from kvprobe.testbed.scenarios import FACTS, FORCE_NO_AVX512, _build, detect_isa
 
 LOG = Path(__file__).parents[1] / "fixtures" / "vllm-cpu-no-avx512" / "fp8-startup.log"
 

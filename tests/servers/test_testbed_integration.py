@@ -18,9 +18,9 @@ import pytest
 from click.testing import CliRunner
 
 from kvprobe.cli import main
-from kvprobe.demo import CAPACITY_ONLY_TOKENS
-from kvprobe.servers import StartRefused, Testbed, start
-from kvprobe.servers.launcher import healthy, port_free, status
+from kvprobe.testbed import StartRefused, Testbed, start
+from kvprobe.testbed.demo import CAPACITY_ONLY_TOKENS
+from kvprobe.testbed.launcher import healthy, port_free, status
 
 pytestmark = pytest.mark.integration
 

@@ -1,0 +1,386 @@
+"""`kvprobe eval`: config -> inventory -> pin check -> fit -> probes -> files in the run directory.
+
+Exit status follows from what was found, most serious first: 2 cannot run (a server unreachable,
+wrong key, unreadable capacity, a probe setting written in servers.toml that does not fit the servers;
+a probe whose kvprobe defaults do not fit is not measured instead), 3 invalid comparison, 4 a server
+is broken, then the verdict's own code (1: no candidate adopted and one fails or does not pass a bar;
+see kvprobe.verdict.build), 0 ok.
+After the probes the verdict is written from what is on disk and signed (verdict.json(.sig)).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from kvprobe import __version__
+from kvprobe.config import Config
+from kvprobe.disk import writing
+from kvprobe.errors import EXIT_BROKEN, EXIT_CANNOT_RUN, EXIT_INVALID, EXIT_OK, ConfigError
+from kvprobe.probes.capacity import capacity_summary, memory_map_summary
+from kvprobe.run.store import RunDir, utc_now
+from kvprobe.server.client import Client
+from kvprobe.server.inventory import NOT_TAKEN, Inventory, take_inventories
+from kvprobe.server.pin import PinCheck, check_pin
+from kvprobe.verdict.build import write_verdict
+from kvprobe.verdict.sign import SigningKey, sign_file
+
+PROBE_ORDER = ("capacity", "perplexity", "agreement", "needle", "tasks", "load", "fill")
+# Run unless --probes says otherwise; `fill` is opt-in (it serves the whole claimed pool) and runs last,
+# after every other measurement, because it may kill a server. `tasks` runs when servers.toml has a
+# [tasks] table (the operator chose tasks) or --probes names it.
+DEFAULT_PROBES = ("capacity", "perplexity", "agreement", "needle", "load")
+
+
+@dataclass
+class EvalContext:
+    """What every probe gets: the config, the open clients, the facts, and where to write."""
+
+    config: Config
+    run: RunDir
+    clients: dict[str, Client]
+    inventories: dict[str, Inventory]
+    pin: PinCheck
+    console: Console
+    results: dict[str, Any] = field(default_factory=dict)
+    broken: dict[str, str] = field(default_factory=dict)  # server -> last error, set by probes
+    warned: set[str] = field(default_factory=set)
+    deadline: float | None = None  # the canary's --budget (time.monotonic()): a probe may stop short of it
+
+    @property
+    def reference(self) -> str:
+        return self.config.reference.name
+
+    def active(self) -> list[str]:
+        """Servers to measure: the reference and each serving, valid candidate not yet broken."""
+        names = []
+        for server in self.config.servers:
+            inv = self.inventories[server.name]
+            if not inv.serving or server.name in self.broken:
+                continue
+            if server.role == "candidate" and not self.pin.candidate_valid(server.name):
+                continue
+            names.append(server.name)
+        return names
+
+    def warn(self, line: str) -> None:
+        """A warning printed once per run, however many requests meet it."""
+        if line not in self.warned:
+            self.warned.add(line)
+            self.console.print(f"[yellow]warning:[/yellow] {escape(line)}", highlight=False, soft_wrap=True)
+
+    def mark_broken(self, name: str, error: str) -> None:
+        """A server failed during a probe: it gets no more requests; what it finished is kept."""
+        if name not in self.broken:
+            self.broken[name] = error
+            self.run.event("broken", server=name, error=error)
+            self.console.print(f"[red]{name} is broken:[/red] {escape(error)}")
+
+
+ProbeFn = Callable[[EvalContext], Awaitable[dict[str, Any]]]
+
+
+def _probe_table() -> dict[str, ProbeFn]:
+    """Probe name -> coroutine; imported lazily so `audit` never loads lm-eval or matplotlib."""
+    table: dict[str, ProbeFn] = {"capacity": _capacity_probe}
+    from kvprobe.probes import registry
+
+    table.update(registry())
+    return table
+
+
+def available_probes(config: Config | None = None) -> list[str]:
+    """The default probe list: every installed probe except the opt-in ones, and `tasks` when the
+    config sets [tasks]."""
+    table = _probe_table()
+    wanted = set(DEFAULT_PROBES) | ({"tasks"} if config is not None and "tasks" in config.model_fields_set else set())
+    return [p for p in PROBE_ORDER if p in wanted and p in table]
+
+
+async def _capacity_probe(ctx: EvalContext) -> dict[str, Any]:
+    summary = capacity_summary(ctx.reference, ctx.inventories, ctx.pin)
+    memmap: dict[str, Any] = {}
+    if ctx.config.model_config_path:
+        memmap = summary["memmap"] = memory_map_summary(
+            ctx.config.model_config_path, ctx.reference, ctx.inventories, ctx.config.bars.capacity_gain_min,
+            ctx.run.path / "memmap.png")
+    ctx.run.write_json("capacity.json", summary)
+    if "error" in memmap:
+        raise ConfigError([memmap["error"]])
+    if memmap:
+        ctx.console.print(f"memory map: {memmap.get('conclusion') or memmap.get('skipped')}", highlight=False)
+        if sentence := (memmap.get("lever") or {}).get("sentence"):
+            ctx.console.print(f"lever: {sentence}", highlight=False)
+    return summary
+
+
+def say_sizing(ctx: EvalContext, probes: list[str]) -> None:
+    """One line per bar the planned sizes cannot pass (kvprobe.verdict.design), said before anything is measured
+    and kept in the events log."""
+    from kvprobe.verdict.design import sizing_notes
+
+    documents = None
+    if "tasks" in probes:
+        from kvprobe.probes.tasks import preflight
+
+        documents = {info.name: info.documents for info in preflight(ctx.config)}  # cached: no second load
+    said = {e.get("text") for e in ctx.run.events("sizing_note")}
+    for line in sizing_notes(ctx.config, probes, documents):
+        ctx.console.print(f"[yellow]sizing:[/yellow] {escape(line)}", highlight=False, soft_wrap=True)
+        if line not in said:
+            ctx.run.event("sizing_note", text=line)
+
+
+def ask_fit(view: Any, probes: list[str]) -> tuple[dict[str, str], list[str]]:
+    """(probe -> why a kvprobe default cannot fit, problems of the operator's own settings): each requested
+    probe's fit check on `view` (an EvalContext, or anything with its config and inventories)."""
+    from kvprobe.probes import fit_checks
+
+    checks = fit_checks()
+    reasons: dict[str, str] = {}
+    problems: list[str] = []
+    for name in [p for p in PROBE_ORDER if p in probes and p in checks]:
+        try:
+            reason = checks[name](view)
+        except ConfigError as exc:
+            problems += exc.problems
+            continue
+        if reason is not None:
+            reasons[name] = reason
+    return reasons, problems
+
+
+def fit_phase(ctx: EvalContext, probes: list[str]) -> list[str]:
+    """Before any probe measures anything, each requested probe that has a fit check says whether it
+    can run on the active servers (their max_model_len). A setting the operator wrote that does not fit
+    stops the run here, every such line at once (ConfigError, exit 2); kvprobe's own default that does
+    not fit leaves that probe not measured, recorded (`probe_cannot_run`, which the verdict reads) and
+    said, and the rest of the run goes on. Returns the probes to skip. A resumed run asks again: the
+    same servers give the same reason, a larger context lets the probe run."""
+    reasons, problems = ask_fit(ctx, probes)
+    if problems:
+        raise ConfigError(problems)
+    for name, reason in reasons.items():
+        ctx.run.event("probe_cannot_run", probe=name, reason=reason)
+        ctx.console.print(f"[yellow]{name}: not measured:[/yellow] {escape(reason)}", highlight=False,
+                          soft_wrap=True)
+    return list(reasons)
+
+
+def cannot_run_lines(inventories: list[Inventory]) -> list[str]:
+    """One line per reason the comparison cannot start: a server out of reach, or one whose answers
+    cannot be read (a comparison built on a garbled max_model_len or capacity measures nothing)."""
+    lines = [inv.error or inv.name for inv in inventories if inv.status in NOT_TAKEN]
+    lines += [f"{inv.name}: {line}" for inv in inventories if inv.status not in NOT_TAKEN for line in inv.unreadable]
+    return lines
+
+
+def make_clients(config: Config, transport: Any = None) -> dict[str, Client]:
+    return {s.name: Client.for_server(s, transport) for s in config.servers}
+
+
+@dataclass
+class EvalOutcome:
+    exit_code: int
+    messages: list[str]
+    ctx: EvalContext
+
+
+def check_resume(config: Config, run: RunDir) -> dict[str, Any]:
+    """A resumed run keeps the config it started with: bars and settings are fixed before any number
+    comes in, and finished cases are only comparable with the rest under the same settings."""
+    meta = run.read_json("run.json")
+    recorded, now = meta.get("config") or {}, config.public_dict()
+    if recorded != now:
+        keys = sorted(k for k in set(recorded) | set(now) if recorded.get(k) != now.get(k))
+        raise ConfigError([f"--resume {run.path}: the servers file differs from the one this run started with "
+                           f"(at {', '.join(keys)}): resume with the same file, or start a new run"])
+    return meta
+
+
+def _write_run_json(run: RunDir, config: Config, probes: list[str], resume: bool,
+                    left_out: list[dict[str, str]] | None = None) -> None:
+    if resume and run.has("run.json"):
+        meta = run.read_json("run.json")
+        asked = set(meta.get("probes") or []) | set(probes)
+        meta["probes"] = [p for p in PROBE_ORDER if p in asked] + sorted(asked - set(PROBE_ORDER))
+        meta["resumed"] = [*meta.get("resumed", []), utc_now()]
+        run.write_json("run.json", meta)
+        return
+    run.write_json("run.json", {
+        "kvprobe_version": __version__,
+        "started": utc_now(),
+        "probes": probes,
+        "config": config.public_dict(),
+        # Servers meant for this comparison that could not be started (the demo says which and why).
+        **({"left_out": left_out} if left_out else {}),
+    })
+
+
+def conclude(run: RunDir, signing_key: SigningKey | None) -> dict[str, Any]:
+    """Write verdict.json from what is on disk and sign its exact bytes into verdict.json.sig."""
+    sig = run.path / "verdict.json.sig"
+    with writing(sig):  # first: a stale signature beside a new verdict (a write that failed between) is a lie
+        sig.unlink(missing_ok=True)
+    verdict, _ = write_verdict(run)
+    if signing_key is not None:
+        sign_file(run.path / "verdict.json", signing_key)
+    return verdict
+
+
+async def run_eval(
+    config: Config,
+    run: RunDir,
+    probes: list[str],
+    console: Console,
+    transport: Any = None,
+    *,
+    signing_key: SigningKey | None = None,
+    resume: bool = False,
+    left_out: list[dict[str, str]] | None = None,
+    deadline: float | None = None,
+    advise: bool = True,
+) -> EvalOutcome:
+    """`deadline`: the canary's --budget ends then (time.monotonic(); kvprobe.run.budget). `advise`: say which
+    bars the planned sizes cannot pass (not for the canary, whose small sizes are its point)."""
+    _write_run_json(run, config, probes, resume, left_out)
+    from kvprobe.probes import preflights
+
+    for name, check in preflights().items():
+        if name in probes:  # before any server is asked anything
+            await asyncio.to_thread(check, config)
+    async with AsyncExitStack() as stack:
+        clients = make_clients(config, transport)
+        for client in clients.values():
+            stack.push_async_callback(client.aclose)
+        for server in config.servers:
+            if server.model:
+                clients[server.name].model = server.model
+        with console.status("inventory: health, version, model, /metrics, first-prefill smoke"):
+            inventories = await take_inventories(
+                list(clients.values()),
+                roles={s.name: s.role for s in config.servers},
+                backends={s.name: s.attention_backend for s in config.servers},
+                smoke_fraction=config.smoke.prompt_fraction,
+                smoke_max_tokens=config.smoke.max_tokens,
+            )
+        invs = {inv.name: inv for inv in inventories}
+        for inv in inventories:
+            run.write_json(f"inventory/{inv.name}.json", inv.to_dict())
+            if inv.metrics_text is not None:
+                run.write_text(f"inventory/{inv.name}.metrics.txt", inv.metrics_text)
+            run.event("inventory", server=inv.name, status=inv.status, error=inv.error,
+                      kv_cache_tokens=inv.capacity.kv_cache_tokens if inv.capacity else None)
+        ref = config.reference.name
+        pin = check_pin(invs[ref], [invs[c.name] for c in config.candidates], config.knob)
+        run.event("pin", **pin.to_dict())
+        ctx = EvalContext(config, run, clients, invs, pin, console, deadline=deadline)
+
+        cannot_run = cannot_run_lines(inventories)
+        if cannot_run:
+            return EvalOutcome(EXIT_CANNOT_RUN, cannot_run, ctx)
+
+        table = _probe_table()
+        unknown = [p for p in probes if p not in table]
+        if unknown:
+            return EvalOutcome(EXIT_CANNOT_RUN, [f"--probes: unknown probe(s) {', '.join(unknown)}: "
+                                                 f"choose from {', '.join(table)}"], ctx)
+        messages: list[str] = []
+        no_capacity = [inv for inv in inventories if inv.capacity is None]
+        if "capacity" in probes and no_capacity:
+            return EvalOutcome(EXIT_CANNOT_RUN, [
+                f"{inv.name}: KV capacity unknown: {'; '.join(inv.warnings) or 'no cache_config_info'}"
+                for inv in no_capacity], ctx)
+        if invs[ref].serving:
+            skipped = fit_phase(ctx, probes)
+            runnable = [p for p in probes if p not in skipped]  # the budget plans no time for the rest
+            if advise:
+                say_sizing(ctx, runnable)
+            budget = _Budget(ctx, inventories, deadline, runnable) if deadline is not None else None
+            if budget is not None:
+                budget.plan(runnable)
+            for name in [p for p in PROBE_ORDER if p in runnable]:
+                if budget is None:
+                    ctx.results[name] = await table[name](ctx)
+                elif not await budget.run(name, table[name]):
+                    continue
+                run.event("probe_done", probe=name)
+        else:
+            messages.append(f"reference {invs[ref].error}: nothing can be compared")
+
+        code = EXIT_OK
+        broken = [inv for inv in inventories if not inv.serving]
+        if not pin.valid:
+            code = EXIT_INVALID
+            messages += [f"invalid comparison: {d.text}" for d in pin.all_differences()]
+        elif broken or ctx.broken:
+            code = EXIT_BROKEN
+        messages += [inv.error or f"{inv.name} is broken" for inv in broken]
+        messages += [f"{name} broke during the run: {err}" for name, err in ctx.broken.items()]
+        verdict = ctx.results["verdict"] = conclude(run, signing_key)
+        if code == EXIT_OK:
+            code = verdict.get("exit_code", EXIT_OK)
+        return EvalOutcome(code, messages, ctx)
+
+
+class _Budget:
+    """The canary's --budget over one run: plan from the smoke's speed, run each probe until the
+    deadline (less the verdict's few seconds), and re-plan what is left from what the last probe took."""
+
+    def __init__(self, ctx: EvalContext, inventories: list[Inventory], deadline: float, requested: list[str]) -> None:
+        lengths = [inv.max_model_len for inv in inventories if inv.serving and inv.max_model_len]
+        self.ctx, self.inventories, self.deadline = ctx, inventories, deadline
+        self.max_model_len = min(lengths, default=8192)
+        self.most = ctx.config  # what each probe may grow to
+        self.current: Any = None
+        self.requested = list(requested)
+
+    def plan(self, probes: list[str], scale: float = 1.0, source: str | None = None) -> None:
+        from kvprobe.run.budget import plan_budget
+
+        left = self.deadline - time.monotonic()
+        self.ctx.config, plan = plan_budget(self.most, probes, self.inventories, left, self.max_model_len, scale)
+        if source:
+            plan.source = source
+        self.ctx.console.print(escape(plan.describe()), highlight=False)
+        self.ctx.run.event("budget_plan", **plan.to_dict())
+        for probe in plan.left_out:
+            self.ctx.run.event("budget_cut", probe=probe, started=False)
+        self.current = plan
+
+    async def run(self, name: str, probe: Callable[[EvalContext], Awaitable[Any]]) -> bool:
+        from kvprobe.run.budget import RESERVE_S, corrected_scale
+
+        if name not in self.current.probes:  # a re-plan left it out
+            return False
+        left = self.deadline - time.monotonic() - RESERVE_S
+        if left <= 0:
+            self.ctx.run.event("budget_cut", probe=name, started=False)
+            self.ctx.console.print(f"[yellow]budget:[/yellow] {name} not started, the budget is spent",
+                                   highlight=False)
+            return False
+        t0 = time.monotonic()
+        try:
+            self.ctx.results[name] = await asyncio.wait_for(probe(self.ctx), left)
+        except TimeoutError:
+            self.ctx.run.event("budget_cut", probe=name, started=True)
+            self.ctx.console.print(f"[yellow]budget:[/yellow] {name} cut at the budget; what it measured is in "
+                                   "events.jsonl, the verdict counts it as not measured", highlight=False)
+            return False
+        scale = corrected_scale(self.current, name, time.monotonic() - t0)
+        # What was asked and comes later, including what an earlier plan had no time for.
+        later = [p for p in PROBE_ORDER if p in self.requested and PROBE_ORDER.index(p) > PROBE_ORDER.index(name)]
+        if scale and name in ("perplexity", "needle") and later:
+            self.plan(later, scale, f"(re-planned from what {name} took)")
+        return True
+
+
+def run_eval_sync(*args: Any, **kw: Any) -> EvalOutcome:
+    return asyncio.run(run_eval(*args, **kw))

@@ -1,0 +1,123 @@
+"""The checks: the one place that judges a bar. Probes record numbers; each check turns the recorded
+numbers into pass, fail, inconclusive or not_measured, with its words, its interval and its power
+figures (kvprobe.stats.power). The verdict, every table (live and final), the reports, the JUnit file and
+the step summary show these outcomes and no other.
+
+Pure functions of the verdict's inputs: `kvprobe verify` runs them again on a signed verdict.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvprobe.stats import power
+from kvprobe.verdict.checks import speed_rules3
+from kvprobe.verdict.checks._common import MIN_PASSAGES, MIN_SCORED_SHARE, pct
+from kvprobe.verdict.checks.answers import needle_checks, task_checks
+from kvprobe.verdict.checks.quality import agreement_checks, perplexity_check
+from kvprobe.verdict.checks.speed import case_key, load_checks, natural_order, runs_by_case
+
+__all__ = ["METHOD", "MIN_PASSAGES", "MIN_SCORED_SHARE", "RULES3_PROBES", "STRUCTURED_KEYS", "capacity_of", "case_key",
+           "gating", "judge", "judge_probe", "live_checks", "natural_order", "pct", "runs_by_case"]
+
+METHOD = {
+    "interval_rule": "pass: the whole 95% interval within the bar; fail: the whole interval beyond it; else "
+                     "inconclusive (a one-sided test at 2.5% against the bar, each way)",
+    "answers": "needles and task documents paired case by case under the answer cap: an answer cut at the cap "
+               "or failed scores as wrong on either side, a pair unanswered on both sides is left out and counted; "
+               f"a pass needs {MIN_SCORED_SHARE:.0%} of the pairs scored; Tango's score interval for 0/1 outcomes, "
+               "t over paired differences otherwise; the paired rise in answers cut at the cap has its own bar",
+    "passages": "perplexity and agreement: a ratio of sums over passages with a t interval (delta method, n - 1 "
+                f"df); a pass needs {MIN_PASSAGES} passages; the reference's measured run-to-run delta enters the "
+                "perplexity interval as a variance component, and a bar with noise over a third of it is not passed",
+    "speed": "one primary endpoint declared before the run (output tokens/s over the sweep as the mean of the "
+             "per-case log ratios, or one declared case; optionally a latency percentile beside it), measured in "
+             "paired blocks in a balanced order and decided by a group-sequential paired t test (O'Brien-Fleming "
+             "boundaries c x sqrt(n_max / n), c calibrated so a candidate at the bar passes at most 2.5%; with two "
+             "endpoints each fails at 1.25%); client-limited blocks are dropped and re-run; per-case figures are "
+             "guardrails that fail only past twice the bar on Holm-adjusted paired t tests, and never gate adopt",
+    "power": "passes_at_most / fails_at_least: the true loss this run passes / fails with power 0.8 "
+             "(bar -/+ (t_0.975 + t_0.8) x se); needed (inconclusive): the size at which a candidate equal to the "
+             "reference passes every gating check of its family together with power 0.8",
+}
+
+_PROBES = {
+    "perplexity": lambda i, c, b: [perplexity_check(i, c, b)],
+    "agreement": agreement_checks,
+    "needle": needle_checks,
+    "tasks": task_checks,
+    "load": load_checks,
+}
+
+
+# rules/3 judged speed per case with Welch intervals; everything else is as today.
+RULES3_PROBES = {**_PROBES, "load": speed_rules3.load_checks}
+
+# Fields a check carries from verdict schema 3 on, beside the words that say the same: a case as typed
+# fields, the cases an endpoint averages over, and the client-limited blocks a speed check dropped, with
+# why. A verdict of an earlier schema was signed without them, so `judge(structured=False)` leaves them
+# out to re-derive its bytes.
+STRUCTURED_KEYS = ("case_fields", "scope_cases", "dropped_client_limited", "client_limited_reason")
+
+
+def gating(check: dict[str, Any]) -> bool:
+    """A check that can hold a candidate back from adopt (a guardrail can only reject it)."""
+    return check.get("gating", True)
+
+
+def judge_probe(probe: str, inputs: dict[str, Any], cand: str, bars: Any) -> list[dict[str, Any]]:
+    """One probe's checks for one candidate (the live tables show these as each probe ends)."""
+    checks = _PROBES[probe](inputs, cand, bars)
+    for check in checks:
+        check.get("power", {}).pop("_sizing", None)
+    return checks
+
+
+def live_checks(probe: str, summary: dict[str, Any], reference: str, candidates: list[str],
+                bars: Any) -> dict[str, list[dict[str, Any]]]:
+    """The checks of one probe that just ended, from its summary read as the verdict will read it
+    (kvprobe.verdict.evidence): the table printed then shows the outcomes the signed verdict will carry."""
+    from kvprobe.verdict.evidence import READERS
+
+    inputs = {"reference": reference, "probes": {probe: READERS[probe](summary)}, "probes_status": {probe: "ran"}}
+    return {cand: judge_probe(probe, inputs, cand, bars) for cand in candidates if cand != reference}
+
+
+def judge(inputs: dict[str, Any], cand: str, bars: Any, probes: dict[str, Any] | None = None, *,
+          structured: bool = True) -> list[dict[str, Any]]:
+    """Every check of one candidate, with `needed` sized for its whole family of gating checks.
+    `probes`: the check functions of older rules (RULES3_PROBES), for `kvprobe verify`; `structured`:
+    False for a verdict of a schema before STRUCTURED_KEYS."""
+    probes = probes or _PROBES
+    checks = [c for probe in probes for c in probes[probe](inputs, cand, bars)]
+    if not structured:
+        checks = [{k: v for k, v in c.items() if k not in STRUCTURED_KEYS} for c in checks]
+    family = sum(c["outcome"] != "not_measured" and gating(c) for c in checks)
+    for check in checks:
+        block = check.get("power")
+        if block is None:
+            continue
+        sizing = block.pop("_sizing", {})
+        if check["outcome"] != "inconclusive" or check.get("interval") is None:
+            continue
+        if block.get("client_limited"):
+            advice = power.advice(block)
+        else:
+            kind = sizing.get("df_kind")
+            df_of = {"welch": lambda m: 2 * m - 2, "paired": lambda m: m - 1}.get(kind, lambda m: None)
+            sized = power.needed(block, sizing.get("loss_bar"), family, log_margin=sizing.get("log_margin"),
+                                 sd_df=sizing.get("sd_df"), df_of=df_of, sd_unit=sizing.get("sd_unit"),
+                                 floor=sizing.get("floor"))
+            if sized:
+                block.update(sized)
+            advice = power.advice(block)
+        if advice and advice not in check["text"]:
+            check["text"] += f" (to settle it: {advice})"
+    return checks
+
+
+def capacity_of(inputs: dict[str, Any], name: str) -> int | None:
+    probe = inputs["probes"].get("capacity") or {}
+    row = (probe.get("servers") or {}).get(name) or {}
+    tokens = row.get("kv_cache_tokens")
+    return int(tokens) if isinstance(tokens, int | float) else None
