@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -11,6 +10,7 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from kvprobe import settings
 from kvprobe.errors import ConfigError
 
 # Header names that carry credentials: those belong in the environment (api_key_env), not in a file.
@@ -92,7 +92,7 @@ class Server(_Strict):
         return value
 
     def api_key(self) -> str | None:
-        return os.environ.get(self.api_key_env) if self.api_key_env else None
+        return settings.api_key(self.api_key_env)
 
 
 class SmokeSettings(_Strict):
@@ -358,7 +358,7 @@ def parse_config(data: dict[str, Any], source: str = "servers.toml") -> Config:
         if server.name in seen:
             problems.append(f"{source}: server[{i}].name: duplicate name {server.name!r}: names must be unique")
         seen.add(server.name)
-        if server.api_key_env and not os.environ.get(server.api_key_env):
+        if server.api_key_env and not settings.api_key(server.api_key_env):
             problems.append(f"{source}: server[{i}].api_key_env: environment variable {server.api_key_env} "
                             f"is not set: export it with {server.name}'s API key")
     bar = config.bars.task_accuracy_drop_max

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from functools import cache
 from pathlib import Path
 
-TASKS_DIR = Path(os.environ.get("KVPROBE_TASKS_DIR", Path(__file__).resolve().parents[1] / "tasks"))
+from kvprobe import settings
+
+# Fixed at import ($KVPROBE_TASKS_DIR, else the tasks/ folder beside the package).
+TASKS_DIR = settings.tasks_dir(Path(__file__).resolve().parents[1] / "tasks")
 
 
 @cache

@@ -3,7 +3,6 @@ running an evaluation into a run directory."""
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 from collections.abc import Callable
@@ -14,6 +13,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
+from kvprobe import settings
 from kvprobe.cli.crash import note_run, note_secrets
 from kvprobe.config import load_config
 from kvprobe.errors import (
@@ -29,7 +29,7 @@ from kvprobe.run.store import RunDir
 
 err_console = Console(stderr=True)
 # Tables wider than 80 columns stay readable when stdout is a pipe or a CI log.
-out_console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 120)  # size_console()
+out_console = Console(width=None if sys.stdout.isatty() or settings.columns_set() else 120)  # size_console()
 
 # How much a command prints of its results: "summary" (default: a few lines per candidate), "verbose" (the
 # full tables once, then the summary) or "quiet" (the decision lines only; the exit code says the rest).
@@ -54,9 +54,8 @@ def set_view(verbose: bool, quiet: bool) -> None:
 def size_console() -> None:
     """COLUMNS, read when a command starts, not at import: an embedding caller may set it late (and a
     previous command in the same process may have set another)."""
-    columns = os.environ.get("COLUMNS", "")
-    if columns.isdigit() and int(columns) > 0:
-        out_console.width = int(columns)
+    if (columns := settings.columns()) is not None:
+        out_console.width = columns
     else:
         out_console.width = None if sys.stdout.isatty() else 120  # type: ignore[assignment]
 

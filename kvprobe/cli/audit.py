@@ -4,7 +4,6 @@ its model group) and, with --watch, whether the KV cache is what limits each one
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 import time
 from typing import Any
@@ -14,6 +13,7 @@ import orjson
 from rich.console import Console
 from rich.markup import escape
 
+from kvprobe import settings
 from kvprobe.cli._common import (
     _fail,
     err_console,
@@ -90,7 +90,7 @@ def audit(urls: tuple[str, ...], as_json: bool, watch_text: str | None, api_key_
     if problems:
         _fail(problems)
     note_secrets([api_key_env])
-    if api_key_env and not os.environ.get(api_key_env):
+    if api_key_env and not settings.api_key(api_key_env):
         _fail([f"--api-key-env: environment variable {api_key_env} is not set"])
 
     async def go() -> tuple[list[Inventory], dict[str, Diagnosis]]:
@@ -111,8 +111,7 @@ def audit(urls: tuple[str, ...], as_json: bool, watch_text: str | None, api_key_
         click.echo(orjson.dumps(audit_json(inventories, diagnoses, window_s), option=orjson.OPT_INDENT_2).decode())
     else:
         # COLUMNS first: the terminal's width, else 120 for a pipe or a CI log (out_console's)
-        columns = os.environ.get("COLUMNS", "")
-        width = int(columns) if columns.isdigit() and int(columns) > 0 else out_console.width
+        width = settings.columns() or out_console.width
         console = Console(width=width)
         console.print(fleet_table(inventories, width))
         if window_s is not None:

@@ -23,7 +23,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from kvprobe import __version__
+from kvprobe import __version__, settings
 from kvprobe.disk import as_disk_error, is_disk_error, write_atomic
 from kvprobe.errors import EXIT_CANNOT_RUN, EXIT_INTERNAL, EXIT_INTERRUPTED, DiskError, KvprobeError
 from kvprobe.run.store import utc_now
@@ -36,13 +36,12 @@ _BEARER = re.compile(r"(?i)(bearer\s+)[^\s'\",;}]+")
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvprobe"
+    return settings.cache_home() / "kvprobe"
 
 
 def secrets(env_names: Iterable[str]) -> list[str]:
     """The values to keep out: the named variables' (api_key_env), and any variable that names a secret."""
-    names = set(env_names) | {n for n in os.environ if _SECRET_NAME.search(n)}
-    values = {os.environ[n] for n in names if len(os.environ.get(n) or "") >= 4}
+    values = {v for v in settings.secret_variables(env_names, _SECRET_NAME).values() if len(v) >= 4}
     return sorted(values, key=len, reverse=True)  # longest first: a key containing another is replaced whole
 
 

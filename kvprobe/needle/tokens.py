@@ -7,12 +7,11 @@ so here it may only read a copy already in its cache; without one the error says
 
 from __future__ import annotations
 
-import os
-import tempfile
 from typing import Any, Protocol
 
 from kvprobe.errors import TokenizerUnavailable
 from kvprobe.server.client import Client
+from kvprobe.settings import tiktoken_cache_dir
 
 
 class Encoder(Protocol):
@@ -61,14 +60,6 @@ class TiktokenEncoder:
 
 class _NotCached(Exception):
     pass
-
-
-def tiktoken_cache_dir() -> str:
-    """Where tiktoken looks for its encoding files (its own rule, tiktoken/load.py)."""
-    for var in ("TIKTOKEN_CACHE_DIR", "DATA_GYM_CACHE_DIR"):
-        if var in os.environ:
-            return os.environ[var]
-    return os.path.join(tempfile.gettempdir(), "data-gym-cache")
 
 
 def load_tiktoken(name: str) -> TiktokenEncoder:

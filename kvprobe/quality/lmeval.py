@@ -22,23 +22,19 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvprobe import settings
 from kvprobe.corpus import TASKS_DIR
 from kvprobe.errors import Unreadable
 from kvprobe.server.untrusted import LOGPROB_MAX, logprob, number
 
 # Before lm-eval pulls in datasets / huggingface_hub / transformers / tqdm, which read these once.
-for _var in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-    os.environ.setdefault(_var, "1")
-os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-os.environ.setdefault("TQDM_DISABLE", "1")  # kvprobe draws its own progress bar
+settings.set_library_defaults()
 
 WindowCallback = Callable[[int, int], None]  # (windows done, windows in all)
 

@@ -7,11 +7,11 @@ both, saying why, so a test report never shows green for a run that measured not
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvprobe import settings
 from kvprobe.errors import CiOutputError
 from kvprobe.report.junit import junit_xml, no_verdict_xml
 from kvprobe.report.step_summary import step_summary
@@ -24,8 +24,7 @@ class CiOutputs:
 
     @classmethod
     def from_options(cls, junit: Path | None, summary: Path | None) -> CiOutputs:
-        env = os.environ.get("GITHUB_STEP_SUMMARY")
-        return cls(junit, summary or (Path(env) if env else None))
+        return cls(junit, summary or settings.github_step_summary())
 
     def write(self, verdict: dict[str, Any] | None, run_dir: Path | None, signature: dict[str, Any] | None = None,
               exit_code: int | None = None, notes: list[str] | None = None) -> list[Path]:

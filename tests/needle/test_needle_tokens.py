@@ -9,7 +9,8 @@ import tiktoken
 import tiktoken.load
 
 from kvprobe.errors import TokenizerUnavailable
-from kvprobe.needle.tokens import TiktokenEncoder, load_tiktoken, tiktoken_cache_dir
+from kvprobe.needle.tokens import TiktokenEncoder, load_tiktoken
+from kvprobe.settings import tiktoken_cache_dir
 
 
 @pytest.fixture
