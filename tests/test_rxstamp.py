@@ -1,6 +1,6 @@
-"""Kernel receive stamps on a real TCP connection over loopback: bytes read late keep the time they
-arrived, and reads planned by the chunked framing end where chunks end, so each chunk keeps its own
-arrival; chunks that came in one packet are read at once."""
+"""Kernel receive stamps on a real TCP connection over loopback, read as kvprobe.server.streaming
+reads them (whatever waits, at once): bytes read late keep the time they arrived, and packets that
+queued on one socket share the newest arrival, never later than the read."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 import pytest
 
 from kvprobe.server import rxstamp
-from kvprobe.server.streaming import _chunk_ends, _Framing
+from kvprobe.server.streaming import _READ_SIZE
 
 # timing-sensitive: scripts/test runs these alone, after the parallel unit tests
 pytestmark = pytest.mark.serial
@@ -37,13 +37,12 @@ def pair():
 
 
 def read_all(client: socket.socket) -> list[tuple[bytes, float]]:
-    framing, clock, reads = _Framing(), rxstamp.Clock(), []
+    clock, reads = rxstamp.Clock(), []
     while True:
         try:
-            data, stamp = rxstamp.recv(client, framing.plan(client), clock)
+            data, stamp = rxstamp.recv(client, _READ_SIZE, clock)
         except BlockingIOError:
             return reads
-        framing.advance(len(data))
         assert stamp is not None
         reads.append((data, stamp))
 
@@ -52,7 +51,7 @@ def test_chunks_read_before_the_next_arrives_keep_their_own_arrival(pair) -> Non
     """The loop is late by 15 ms on each read, under the 30 ms between chunks: every chunk is stamped
     with when it arrived, not when it was read."""
     client, server = pair
-    framing, clock = _Framing(), rxstamp.Clock()
+    clock = rxstamp.Clock()
     for payload in (HEAD + chunk(b"data: a\n\n"), chunk(b"data: b\n\n"), chunk(b"data: c\n\n")):
         server.sendall(payload)
         sent = time.perf_counter()
@@ -60,10 +59,9 @@ def test_chunks_read_before_the_next_arrives_keep_their_own_arrival(pair) -> Non
         got = b""
         while True:
             try:
-                data, stamp = rxstamp.recv(client, framing.plan(client), clock)
+                data, stamp = rxstamp.recv(client, _READ_SIZE, clock)
             except BlockingIOError:
                 break
-            framing.advance(len(data))
             got += data
             assert stamp is not None and abs(stamp - sent) < 0.002, stamp - sent  # not the read, 15 ms later
         assert got == payload
@@ -85,13 +83,6 @@ def test_chunks_queued_on_one_socket_share_the_latest_arrival_never_later(pair) 
     read_at = time.perf_counter()
     reads = read_all(client)
     assert b"".join(r[0] for r in reads).endswith(b"0\r\n\r\n")
-    assert reads[0][0] == HEAD  # the head is read on its own: chunks start at a boundary
     for _, stamp in reads:
         assert stamp <= read_at and abs(stamp - last) < 0.002
 
-
-def test_chunk_ends_stop_at_the_first_partial_chunk() -> None:
-    data = chunk(b"x" * 10) + chunk(b"y") + b"0\r\n\r\n"
-    assert _chunk_ends(data) == [(15, False), (21, False), (26, True)]
-    assert _chunk_ends(data[:20]) == [(15, False)]
-    assert _chunk_ends(b"zz\r\n") == []

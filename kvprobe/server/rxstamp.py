@@ -5,10 +5,10 @@ Why: at a few hundred streams, many servers' chunks land at once and the loop re
 another; a time taken in the read callback is the loop's, late by its queue (measured on the AVX2
 kind: p99 TTFT/ITL error 2-33 ms at 256 streams, p50 0.03-0.37 ms). With SO_TIMESTAMPNS the kernel
 stamps every packet as it arrives (software receive timestamp, CLOCK_REALTIME) and recvmsg hands the
-stamp of the last packet a read consumed. So a read must end exactly where a response's chunk ends
-(kvprobe.server.streaming plans each read from the chunked framing): then the stamp is the arrival of the
-chunk's last byte, however late the read runs, and however the server's writes were split or
-merged into packets.
+stamp of the last packet a read consumed: the arrival of the newest bytes read, however late the
+read runs. kvprobe.server.streaming reads whatever waits at once: packets that queued on one socket
+are merged by the kernel (newest stamp) anyway, so reads planned to end at each chunk bought little
+and cost half the client's throughput (that module's docstring).
 
 The stamps are converted to time.perf_counter(), the clock every other kvprobe time is on, through
 an offset re-measured every second (NTP may slew CLOCK_REALTIME against the monotonic clock by tens
@@ -62,17 +62,6 @@ class Clock:
         if time.perf_counter_ns() - self._at > _REFRESH_NS:
             self._measure()
         return (realtime_ns - self._offset) / 1e9
-
-
-def peek_stamp(sock: socket.socket, size: int) -> int | None:
-    """The kernel's stamp (CLOCK_REALTIME ns) of the last packet the first `size` waiting bytes
-    are in, without consuming them."""
-    _data, ancillary, _flags, _addr = sock.recvmsg(size, ANCILLARY, socket.MSG_PEEK)
-    for level, kind, raw in ancillary:
-        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(raw) >= _TIMESPEC.size:
-            sec, nsec = _TIMESPEC.unpack_from(raw)
-            return sec * 1_000_000_000 + nsec
-    return None
 
 
 def recv(sock: socket.socket, size: int, clock: Clock) -> tuple[bytes, float | None]:

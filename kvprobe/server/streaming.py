@@ -14,9 +14,9 @@ and mock server each pinned to a core, error vs what the server sent, p99):
 - uvloop with the loop's time: 256 streams TTFT 1.5-2.2 ms, ITL 1.7-2.0 ms: a faster loop, the same
   queue, so no fix (and not a dependency);
 - kernel receive stamps (kvprobe.server.rxstamp, SO_TIMESTAMPNS) with each read planned to end where a
-  chunk ends (_Framing, KVPROBE_STREAM_FRAMING=framed): 256 streams TTFT 0.17-0.45 ms, ITL
-  0.03-0.06 ms; 1000 streams TTFT 0.14-0.17 ms, ITL 0.04-0.06 ms; but a peek per read halves the
-  client's throughput (140k tok/s at 256 streams);
+  chunk ends (a peek at the chunked framing before each read; tried, then removed): 256 streams TTFT
+  0.17-0.45 ms, ITL 0.03-0.06 ms; 1000 streams TTFT 0.14-0.17 ms, ITL 0.04-0.06 ms; but a peek per
+  read halves the client's throughput (140k tok/s at 256 streams);
 - kernel stamps on greedy reads (the default): 256 streams 0.25 / 0.11 ms, 1000 streams 0.19 /
   0.06 ms, at 293k tok/s (the loop-timed client's speed). The kernel merges packets that queue on
   one socket (newest stamp) whatever the read size, so framing buys little. Chosen: plain-http
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import socket
 import ssl
 import time
@@ -42,6 +41,7 @@ from urllib.request import getproxies, proxy_bypass
 
 import httptools
 
+from kvprobe import settings
 from kvprobe.server import rxstamp
 
 Sink = Callable[[bytes, float], object]  # (body bytes of one read, perf_counter when it arrived)
@@ -160,109 +160,14 @@ class _LoopConn(asyncio.Protocol, _Response):
             self.transport.close()
 
 
-_HEAD, _SIZE, _DATA, _PLAIN = range(4)
-# Greedy reads (one recvmsg of whatever waits) by default: measured, they keep the client's throughput
-# (293k tok/s at 256 streams against 140k framed, vllm bench serve ~90k) with p99 errors of 0.25/0.11 ms
-# (TTFT/ITL) at 256 streams and 0.19/0.06 ms at 1000; framed reads (KVPROBE_STREAM_FRAMING=framed)
-# gave 0.17/0.04 and 0.15/0.05 ms. Queued packets are merged by the kernel anyway (newest stamp).
-FRAMED = os.environ.get("KVPROBE_STREAM_FRAMING") == "framed"
-
-
-def _chunk_ends(data: bytes) -> list[tuple[int, bool]]:
-    """(end offset, is the last chunk) of each whole chunk at the start of `data`, which begins at a
-    chunk boundary; stops at the first one not wholly there (or not readable as a chunk)."""
-    ends: list[tuple[int, bool]] = []
-    pos = 0
-    while True:
-        line_end = data.find(b"\r\n", pos)
-        if line_end < 0:
-            return ends
-        try:
-            size = int(data[pos:line_end].split(b";")[0].strip(), 16)
-        except ValueError:
-            return ends
-        end = line_end + 2 + size + 2
-        if end > len(data):
-            return ends
-        ends.append((end, size == 0))
-        if size == 0:
-            return ends
-        pos = end
-
-
-class _Framing:
-    """How many bytes the next read takes, so that it ends where a chunk of the response ends: the
-    kernel's stamp is then that chunk's own arrival (kvprobe.server.rxstamp). It peeks at what is waiting
-    to find the head's end and each chunk's size; httptools still parses every byte. Several whole
-    chunks that came in one packet (one server write: the same stamp) are read at once. Anything it
-    cannot follow (no chunked encoding, a bad size line) falls back to plain reads."""
-
-    __slots__ = ("final", "greedy", "head_bytes", "kept", "mixed", "remaining", "state")
-
-    def __init__(self, greedy: bool = False) -> None:
-        self.greedy = greedy
-        self.reset()
-
-    def reset(self) -> None:
-        self.state, self.remaining, self.kept, self.head_bytes, self.final = _HEAD, 0, b"", 0, False
-        self.mixed = False  # what waits came in several packets: one chunk per read until drained
-
-    def plan(self, sock: socket.socket) -> int:
-        if self.greedy:
-            return 65536
-        if self.state == _DATA:
-            return self.remaining
-        if self.state == _PLAIN:
-            return 65536
-        peek = sock.recv(65536 if self.state == _HEAD or not self.mixed else 64, socket.MSG_PEEK)
-        if not peek:
-            return 1  # the server closed: let the read see it
-        seen = self.kept + peek
-        if self.state == _HEAD:
-            end = seen.find(b"\r\n\r\n")
-            if end < 0:
-                self.kept = seen
-                return len(peek)
-            chunked = b"transfer-encoding: chunked" in seen[:end].lower()
-            self.state, self.kept = (_SIZE if chunked else _PLAIN), b""
-            return end + 4 - (len(seen) - len(peek))
-        if not self.kept and not self.mixed:
-            ends = _chunk_ends(peek)
-            if len(ends) >= 2:
-                last, final = ends[-1]
-                if rxstamp.peek_stamp(sock, ends[0][0]) == rxstamp.peek_stamp(sock, last):
-                    self.state = _HEAD if final else _SIZE  # read them all: one packet, one stamp
-                    return last
-                self.mixed = True
-        end = seen.find(b"\r\n")
-        if end < 0:
-            self.kept = seen
-            return len(peek)
-        try:
-            size = int(seen[:end].split(b";")[0].strip(), 16)
-        except ValueError:
-            self.state, self.kept = _PLAIN, b""
-            return 65536
-        self.head_bytes = end + 2 - (len(seen) - len(peek))
-        self.state, self.kept, self.final = _DATA, b"", size == 0
-        self.remaining = size + 2  # the data and its CRLF (after the last chunk: the closing CRLF)
-        return self.head_bytes + self.remaining
-
-    def advance(self, got: int) -> None:
-        if self.state != _DATA:
-            return
-        self.remaining -= got - self.head_bytes
-        self.head_bytes = 0
-        if self.remaining <= 0:
-            self.state, self.remaining = (_HEAD if self.final else _SIZE), 0
-
-    def drained(self) -> None:
-        self.mixed = False
+# One recvmsg of whatever waits (up to this much), the kernel's stamp on it: reads planned to end at
+# each chunk were a little more precise but halved the client's throughput (module docstring).
+_READ_SIZE = 65536
 
 
 class _StampedConn(_Response):
     """A plain socket read with recvmsg from the loop's reader callback: every read carries the
-    kernel's arrival stamp, and reads end at chunk boundaries (_Framing)."""
+    kernel's arrival stamp (greedy reads: the newest packet's, see the module docstring)."""
 
     stamps = "kernel"
 
@@ -270,19 +175,17 @@ class _StampedConn(_Response):
                  pool: StreamPool | None = None) -> None:
         super().__init__()
         self.sock, self.loop, self.clock, self.pool = sock, loop, clock, pool
-        self.framing = _Framing(greedy=not FRAMED)
         loop.add_reader(sock.fileno(), self._readable)
 
     def _readable(self) -> None:
-        sock, framing, clock = self.sock, self.framing, self.clock
+        sock, clock = self.sock, self.clock
         try:
             while not self.closed:
-                data, stamp = rxstamp.recv(sock, framing.plan(sock), clock)
+                data, stamp = rxstamp.recv(sock, _READ_SIZE, clock)
                 if not data:
                     self.close()
                     self._lost(None)
                     return
-                framing.advance(len(data))
                 now = time.perf_counter()
                 if stamp is None:
                     stamp = now
@@ -291,10 +194,7 @@ class _StampedConn(_Response):
                 if self.complete:  # bytes after a whole response: not ours to parse
                     continue
                 self.take(data, stamp, now)
-                if self.complete:
-                    framing.reset()
         except BlockingIOError:
-            framing.drained()
             return
         except OSError as exc:
             self.close()
@@ -302,7 +202,6 @@ class _StampedConn(_Response):
 
     async def begin(self, request: bytes, sink: Sink) -> asyncio.Future[BaseException | None]:
         done = self._begin(sink)
-        self.framing.reset()
         try:
             await self.loop.sock_sendall(self.sock, request)
         except OSError as exc:
@@ -342,7 +241,7 @@ class StreamPool:
         self.connect_timeout_s = connect_timeout_s
         self._idle: list[_Conn] = []
         # Kernel receive stamps on plain http (KVPROBE_STREAM_STAMPS=loop turns them off, to compare).
-        self.stamps = "loop" if self.ssl or os.environ.get("KVPROBE_STREAM_STAMPS") == "loop" else "kernel"
+        self.stamps = "loop" if self.ssl or settings.stream_stamps_loop() else "kernel"
         self._clock: rxstamp.Clock | None = None
         self.lag: LagSink | None = None  # told each kernel-stamped read's lag (kvprobe.load)
         self._sem: asyncio.Semaphore | None = None
