@@ -46,9 +46,6 @@ class AttentionLayer:
     head_dim_v: int  # 0 for MLA: the latent is read as both K and V
     window: int | None = None
 
-    def elements_per_token(self) -> int:
-        return self.num_kv_heads * (self.head_dim + self.head_dim_v)
-
 
 @dataclass(frozen=True)
 class StateLayer:

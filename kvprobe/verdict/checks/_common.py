@@ -5,7 +5,6 @@ A check's text is part of the signed bytes, so every number in it is formatted d
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 from kvprobe.stats import Interval, bar_outcome, power
@@ -67,8 +66,3 @@ def with_power(check: dict[str, Any], n: int, unit: str, se: float | None, df: f
     block["_sizing"] = {"loss_bar": loss_bar, **sizing}
     check["power"] = block
     return check
-
-
-def describe_pairs(items: Iterable[str]) -> str:
-    parts = [p for p in items if p]
-    return "; ".join(parts)
