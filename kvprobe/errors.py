@@ -1,10 +1,40 @@
-"""Errors that end a command, each carrying the exit code the CLI returns for it."""
+"""Errors that end a command, each carrying the exit code the CLI returns for it, and the exit codes
+themselves: this docstring is where the code documents them (users read docs/commands.md, "Exit codes").
+
+Exit codes (the EXIT_* constants below):
+    0    EXIT_OK           done: a candidate adopted, or nothing measured fails
+    1    EXIT_BAR_FAILED   nothing adopted and a bar fails or is not shown to pass; verify: does not hold;
+                           compare: a regression
+    2    EXIT_CANNOT_RUN   cannot run: one line names the thing to fix (every KvprobeError by default)
+    3    EXIT_INVALID      invalid comparison: the servers differ in more than the knob
+    4    EXIT_BROKEN       a server is broken: healthy, but it failed the smoke or a probe
+    5    EXIT_UNREADABLE   audit only: done, but something a server sent could not be read
+    70   EXIT_INTERNAL     a bug in kvprobe (EX_SOFTWARE), never a measured outcome (kvprobe.cli.crash)
+    130  EXIT_INTERRUPTED  Ctrl-C: the shell's 128 + SIGINT
+The most serious wins: 2, then 3, 4, 1 (audit: 2, then 4, 5).
+
+The exceptions, with the exit code each ends a command with:
+    KvprobeError                 2  base class: the message is one line that names the thing to fix
+    ├── ConfigError              2  servers.toml or a command-line value is wrong (one line per problem)
+    │   └── NotModelled          2  a valid input the memory map has no byte model for
+    ├── ServerError              2  a server answered with an error or not at all
+    │   ├── Unreachable          2  no connection, DNS failure or a timeout before any answer
+    │   ├── AuthError            2  401/403: the API key is missing or wrong
+    │   └── Unreadable           2  a value a server sent that kvprobe cannot use
+    ├── MetricsError             2  /metrics could not be parsed
+    ├── SignatureError           1  verify: the signature does not hold
+    ├── SchemaViolation          1  verify: a verdict that does not follow its own schema version
+    ├── DiskError                2  a write the disk refused
+    ├── CiOutputError            2  a CI output file (--junit, --summary) could not be written
+    ├── TokenizerUnavailable     2  no way to count tokens
+    └── PlacementError           2  a needle case cannot be built
+A measured outcome (1, 3, 4) is not an exception: the verdict carries it (kvprobe.verdict.build).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-# Exit codes (README, "Exit codes").
 EXIT_OK = 0
 EXIT_BAR_FAILED = 1
 EXIT_CANNOT_RUN = 2

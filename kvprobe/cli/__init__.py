@@ -1,8 +1,6 @@
 """Command line: parse, call, print. One module per command; this one assembles the group.
 
-Exit codes: 0 ok, 1 a bar fails, 2 cannot run, 3 invalid comparison, 4 a server is broken, 5 (audit) some
-of what a server sent is unreadable, 70 a bug in kvprobe (its traceback in a file, see kvprobe.cli.crash),
-130 interrupted."""
+Exit codes: see kvprobe.errors (a bug is 70, its traceback in a file: kvprobe.cli.crash)."""
 
 from __future__ import annotations
 

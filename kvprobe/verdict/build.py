@@ -13,11 +13,11 @@ Per candidate, most serious first:
 Overall: the adopted candidate with the largest capacity (ties: config order); else the reference,
 with the reason.
 
-Exit code (eval and canary): 3 a candidate is invalid; 4 a server is broken; 1 no candidate is
-adopted and at least one is rejected, or inconclusive on a bar that was measured (or asked for and
-came back empty): the change under test fails or does not pass a bar; 0 otherwise: a candidate is
-adopted, or every candidate passes but frees nothing, or what holds a candidate back is only a
-probe that was not asked for (--probes), which the decisions list.
+Exit code (eval and canary; the codes are kvprobe.errors' EXIT_*): 3 a candidate is invalid; 4 a
+server is broken; 1 no candidate is adopted and at least one is rejected, or inconclusive on a bar
+that was measured (or asked for and came back empty): the change under test fails or does not pass a
+bar; 0 otherwise: a candidate is adopted, or every candidate passes but frees nothing, or what holds
+a candidate back is only a probe that was not asked for (--probes), which the decisions list.
 """
 
 from __future__ import annotations
