@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
+
+import orjson
 
 from kvprobe.errors import DiskError
 
@@ -97,3 +101,9 @@ def mkdir(path: str | Path) -> Path:
     with writing(path):
         path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def json_digest(obj: Any, length: int, *, default: Callable[[Any], Any] | None = None) -> str:
+    """The first `length` hex digits of the SHA-256 of `obj` as canonical JSON (orjson, sorted keys):
+    the key settings, plans and documents are recorded under (the same value, the same key)."""
+    return hashlib.sha256(orjson.dumps(obj, default=default, option=orjson.OPT_SORT_KEYS)).hexdigest()[:length]

@@ -140,3 +140,10 @@ class TokenizerUnavailable(KvprobeError):
 
 class PlacementError(KvprobeError):
     """A case cannot be built (the target is shorter than the needle, question and template)."""
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """An exception as one line of a message: every run of whitespace (newlines too) one space, at most
+    `limit` characters, the exception's type name when it has no text."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:limit]

@@ -10,10 +10,9 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-import orjson
-
 from kvprobe.config import NeedleSettings
 from kvprobe.corpus import filler_text
+from kvprobe.disk import json_digest
 from kvprobe.errors import ConfigError
 from kvprobe.needle.cases import CaseSpec, load_templates, resolve_grid
 from kvprobe.needle.placement import Filler, place, tokens_per_word
@@ -65,12 +64,11 @@ def grid(settings: NeedleSettings, room: int | None, approximate: bool) -> tuple
 def fingerprint(settings: NeedleSettings, lengths: list[int], depths: list[float], tokenizer: str,
                 model: str | None) -> str:
     """Identifies a plan: same settings, grid, tokenizer, model and filler give the same cases."""
-    blob = orjson.dumps({
+    return json_digest({
         "settings": settings.model_dump(mode="json", exclude={"concurrency", "stream"}),
         "lengths": lengths, "depths": depths, "tokenizer": tokenizer, "model": model,
         "filler": hashlib.sha256(filler_text().encode()).hexdigest(),
-    }, option=orjson.OPT_SORT_KEYS)
-    return hashlib.sha256(blob).hexdigest()[:16]
+    }, 16)
 
 
 async def build_cases(

@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import secrets
 import time
 from collections import defaultdict
 from dataclasses import replace
 from typing import Any
 
-import orjson
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from kvprobe.disk import mkdir
+from kvprobe.disk import json_digest, mkdir
 from kvprobe.errors import ConfigError, DiskError, KvprobeError, Unreachable
 from kvprobe.evaluate.orchestrate import EvalContext
 from kvprobe.load import spec_decode
@@ -64,7 +62,7 @@ def settings_digest(ctx: EvalContext) -> str:
     for key in ("metrics_interval_s", "warmup", "settle_s", "processes", "advisory", "budget_s", "max_blocks",
                 "look_every", "endpoint", "latency_endpoint"):
         data.pop(key, None)
-    return hashlib.sha256(orjson.dumps(data, option=orjson.OPT_SORT_KEYS)).hexdigest()[:12]
+    return json_digest(data, 12)
 
 
 def shape_need(shape: Shape) -> int:

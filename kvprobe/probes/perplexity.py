@@ -14,7 +14,6 @@ directory skips every (server, repeat) whose perplexity_run is recorded with the
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import json.decoder
 import traceback
@@ -23,11 +22,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import orjson
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kvprobe.disk import is_disk_error
-from kvprobe.errors import ServerError
+from kvprobe.disk import is_disk_error, json_digest
+from kvprobe.errors import ServerError, one_line
 from kvprobe.quality.own_data import task_source
 from kvprobe.quality.passages import PassagePlan, plan_passage
 from kvprobe.quality.perplexity_stats import UNIT_FIELD, DocRow, perplexities
@@ -61,11 +59,6 @@ def is_server_failure(exc: BaseException) -> bool:
         frames = traceback.walk_tb(exc.__traceback__)
         return any(frame.f_code.co_filename == json.decoder.__file__ for frame, _ in frames)
     return isinstance(exc, RuntimeError) and "RemoteTokenizer" in str(exc)
-
-
-def one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text[:300]
 
 
 async def tokenized_passages(ctx: EvalContext, probe: str, target: Target, task: str, limit: int | None,
@@ -143,9 +136,8 @@ async def _matches_server(ctx: EvalContext, target: Target) -> bool:
 
 
 def settings_key(task: str, limit: int | None, max_length: int, prefix: int | None, digest: str) -> str:
-    raw = orjson.dumps({"task": task, "limit": limit, "max_length": max_length, "prefix": prefix,
-                        "passages": digest}, option=orjson.OPT_SORT_KEYS)
-    return hashlib.sha256(raw).hexdigest()[:12]
+    return json_digest({"task": task, "limit": limit, "max_length": max_length, "prefix": prefix,
+                        "passages": digest}, 12)
 
 
 def recorded_runs(ctx: EvalContext, key: str) -> tuple[dict[tuple[str, int], list[DocRow]],

@@ -14,14 +14,13 @@ task and document), tasks_run (a finished lm-eval run). Writes tasks.json.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from pathlib import Path
 from typing import Any
 
-import orjson
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvprobe.corpus import TASKS_DIR
+from kvprobe.disk import json_digest
 from kvprobe.errors import ConfigError
 from kvprobe.evaluate.orchestrate import EvalContext
 from kvprobe.probes.perplexity import is_server_failure, one_line, ordered_active, targets_for
@@ -32,9 +31,8 @@ from kvprobe.server.fit import CapMisfit, cap_misfit, written
 
 
 def settings_key(info: TaskInfo, limit: int | None, max_gen_toks: int, max_length: int) -> str:
-    raw = orjson.dumps({"task": info.name, "metric": info.metric, "documents": info.digest, "limit": limit,
-                        "max_gen_toks": max_gen_toks, "max_length": max_length}, option=orjson.OPT_SORT_KEYS)
-    return hashlib.sha256(raw).hexdigest()[:12]
+    return json_digest({"task": info.name, "metric": info.metric, "documents": info.digest, "limit": limit,
+                        "max_gen_toks": max_gen_toks, "max_length": max_length}, 12)
 
 
 def recorded(ctx: EvalContext, key: str) -> dict[str, list[SampleRow]]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextvars
 import functools
-import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +22,8 @@ from typing import Any
 
 import orjson
 
+from kvprobe.disk import json_digest
+from kvprobe.errors import one_line
 from kvprobe.quality import lmeval  # also puts every Hugging Face library offline
 from kvprobe.server.untrusted import number
 
@@ -81,9 +82,9 @@ def load_task(task: str, tasks_dir: Path, registry: bool, metric: str | None, li
             obj = task_manager(tasks_dir, registry).load([task])["tasks"][task]
     except (KeyError, ValueError) as exc:
         more = "" if registry else " (set [tasks] registry = true for lm-eval's own tasks)"
-        raise ConfigError([f"{where}: no such lm-eval task in {tasks_dir}{more}: {lmeval_error(exc)}"]) from None
+        raise ConfigError([f"{where}: no such lm-eval task in {tasks_dir}{more}: {one_line(exc, 200)}"]) from None
     except Exception as exc:  # a dataset that is not on disk, a broken YAML: lm-eval's own error, one line
-        raise ConfigError([f"{where}: lm-eval cannot load it: {lmeval_error(exc)}"]) from None
+        raise ConfigError([f"{where}: lm-eval cannot load it: {one_line(exc, 200)}"]) from None
     kind = obj.config.output_type
     if kind not in SCORED:
         raise ConfigError([f"{where}: output_type {kind} has no per-sample accuracy: give a generate_until, "
@@ -97,17 +98,13 @@ def load_task(task: str, tasks_dir: Path, registry: bool, metric: str | None, li
     docs = list(obj.eval_docs)[:limit]
     if not docs:
         raise ConfigError([f"{where}: the task has no documents"])
-    digest = hashlib.sha256(orjson.dumps(docs, default=str, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+    digest = json_digest(docs, 16, default=str)
     return TaskInfo(task, kind, chosen, bool(obj.higher_is_better()[chosen]), len(docs), digest)
-
-
-def lmeval_error(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:200] or type(exc).__name__
 
 
 def prompt_key(messages: Any) -> str:
     """The same chat prompt gives the same key, whether seen as the payload or as lm-eval's sample."""
-    return hashlib.sha256(orjson.dumps(messages, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+    return json_digest(messages, 16)
 
 
 # The prompt of the request being answered, per asyncio task: lm-eval builds a request's payload
