@@ -23,6 +23,7 @@ from kvprobe.errors import (
     DiskError,
     KvprobeError,
 )
+from kvprobe.probes import help_text
 from kvprobe.report.ci import CiOutputs
 from kvprobe.report.terminal import capacity_table
 from kvprobe.run.store import RunDir
@@ -105,9 +106,7 @@ JUNIT_HELP = "write the verdict as JUnit XML here (one testsuite per candidate, 
 SUMMARY_HELP = "append a Markdown summary here (default: $GITHUB_STEP_SUMMARY when it is set)"
 
 
-PROBES_HELP = ("comma-separated probes: capacity,perplexity,agreement,needle,load (the default), tasks "
-               "(lm-eval task accuracy; on by default when servers.toml has [tasks]) and the opt-in fill "
-               "(serves each server's whole claimed KV pool)")
+PROBES_HELP = help_text()
 
 
 def _signing_key(key: Path | None):  # -> SigningKey
@@ -122,15 +121,16 @@ def _signing_key(key: Path | None):  # -> SigningKey
 
 
 def _open_run(out: Path | None, resume: Path | None, config, probes: str | None) -> tuple[RunDir, list[str]]:
-    from kvprobe.evaluate.orchestrate import available_probes, check_resume
+    from kvprobe.evaluate.orchestrate import check_resume
+    from kvprobe.probes import default_probes
 
     if out is not None and resume is not None:
         raise ConfigError(["--out and --resume: give one (--resume reopens an existing run directory)"])
     if resume is not None:
         run = RunDir.open(resume)
-        recorded = check_resume(config, run).get("probes") or available_probes(config)
+        recorded = check_resume(config, run).get("probes") or default_probes(config)
         return run, [p.strip() for p in probes.split(",") if p.strip()] if probes else list(recorded)
-    chosen = [p.strip() for p in probes.split(",") if p.strip()] if probes else available_probes(config)
+    chosen = [p.strip() for p in probes.split(",") if p.strip()] if probes else default_probes(config)
     return RunDir.create(out), chosen
 
 

@@ -60,9 +60,9 @@ def canary_config(config: Config, budgeted: bool = False) -> Config:
 
 def canary_probes() -> list[str]:
     """Capacity and every probe that is installed, in run order."""
-    from kvprobe.evaluate.orchestrate import available_probes
+    from kvprobe.probes import default_probes
 
-    return available_probes()
+    return default_probes()
 
 
 def _servers_of(verdict: dict[str, Any], probe: str) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console
@@ -24,101 +24,15 @@ from kvprobe import __version__
 from kvprobe.config import Config
 from kvprobe.disk import writing
 from kvprobe.errors import EXIT_BROKEN, EXIT_CANNOT_RUN, EXIT_INVALID, EXIT_OK, ConfigError
-from kvprobe.probes.capacity import capacity_summary, memory_map_summary
+from kvprobe.probes import ORDER, PROBES, ordered
+from kvprobe.report.live import TerminalReporter
+from kvprobe.run.context import EvalContext
 from kvprobe.run.store import RunDir, utc_now
 from kvprobe.server.client import Client
 from kvprobe.server.inventory import NOT_TAKEN, Inventory, take_inventories
-from kvprobe.server.pin import PinCheck, check_pin
+from kvprobe.server.pin import check_pin
 from kvprobe.verdict.build import write_verdict
 from kvprobe.verdict.sign import SigningKey, sign_file
-
-PROBE_ORDER = ("capacity", "perplexity", "agreement", "needle", "tasks", "load", "fill")
-# Run unless --probes says otherwise; `fill` is opt-in (it serves the whole claimed pool) and runs last,
-# after every other measurement, because it may kill a server. `tasks` runs when servers.toml has a
-# [tasks] table (the operator chose tasks) or --probes names it.
-DEFAULT_PROBES = ("capacity", "perplexity", "agreement", "needle", "load")
-
-
-@dataclass
-class EvalContext:
-    """What every probe gets: the config, the open clients, the facts, and where to write."""
-
-    config: Config
-    run: RunDir
-    clients: dict[str, Client]
-    inventories: dict[str, Inventory]
-    pin: PinCheck
-    console: Console
-    results: dict[str, Any] = field(default_factory=dict)
-    broken: dict[str, str] = field(default_factory=dict)  # server -> last error, set by probes
-    warned: set[str] = field(default_factory=set)
-    deadline: float | None = None  # the canary's --budget (time.monotonic()): a probe may stop short of it
-
-    @property
-    def reference(self) -> str:
-        return self.config.reference.name
-
-    def active(self) -> list[str]:
-        """Servers to measure: the reference and each serving, valid candidate not yet broken."""
-        names = []
-        for server in self.config.servers:
-            inv = self.inventories[server.name]
-            if not inv.serving or server.name in self.broken:
-                continue
-            if server.role == "candidate" and not self.pin.candidate_valid(server.name):
-                continue
-            names.append(server.name)
-        return names
-
-    def warn(self, line: str) -> None:
-        """A warning printed once per run, however many requests meet it."""
-        if line not in self.warned:
-            self.warned.add(line)
-            self.console.print(f"[yellow]warning:[/yellow] {escape(line)}", highlight=False, soft_wrap=True)
-
-    def mark_broken(self, name: str, error: str) -> None:
-        """A server failed during a probe: it gets no more requests; what it finished is kept."""
-        if name not in self.broken:
-            self.broken[name] = error
-            self.run.event("broken", server=name, error=error)
-            self.console.print(f"[red]{name} is broken:[/red] {escape(error)}")
-
-
-ProbeFn = Callable[[EvalContext], Awaitable[dict[str, Any]]]
-
-
-def _probe_table() -> dict[str, ProbeFn]:
-    """Probe name -> coroutine; imported lazily so `audit` never loads lm-eval or matplotlib."""
-    table: dict[str, ProbeFn] = {"capacity": _capacity_probe}
-    from kvprobe.probes import registry
-
-    table.update(registry())
-    return table
-
-
-def available_probes(config: Config | None = None) -> list[str]:
-    """The default probe list: every installed probe except the opt-in ones, and `tasks` when the
-    config sets [tasks]."""
-    table = _probe_table()
-    wanted = set(DEFAULT_PROBES) | ({"tasks"} if config is not None and "tasks" in config.model_fields_set else set())
-    return [p for p in PROBE_ORDER if p in wanted and p in table]
-
-
-async def _capacity_probe(ctx: EvalContext) -> dict[str, Any]:
-    summary = capacity_summary(ctx.reference, ctx.inventories, ctx.pin)
-    memmap: dict[str, Any] = {}
-    if ctx.config.model_config_path:
-        memmap = summary["memmap"] = memory_map_summary(
-            ctx.config.model_config_path, ctx.reference, ctx.inventories, ctx.config.bars.capacity_gain_min,
-            ctx.run.path / "memmap.png")
-    ctx.run.write_json("capacity.json", summary)
-    if "error" in memmap:
-        raise ConfigError([memmap["error"]])
-    if memmap:
-        ctx.console.print(f"memory map: {memmap.get('conclusion') or memmap.get('skipped')}", highlight=False)
-        if sentence := (memmap.get("lever") or {}).get("sentence"):
-            ctx.console.print(f"lever: {sentence}", highlight=False)
-    return summary
 
 
 def say_sizing(ctx: EvalContext, probes: list[str]) -> None:
@@ -141,14 +55,14 @@ def say_sizing(ctx: EvalContext, probes: list[str]) -> None:
 def ask_fit(view: Any, probes: list[str]) -> tuple[dict[str, str], list[str]]:
     """(probe -> why a kvprobe default cannot fit, problems of the operator's own settings): each requested
     probe's fit check on `view` (an EvalContext, or anything with its config and inventories)."""
-    from kvprobe.probes import fit_checks
-
-    checks = fit_checks()
     reasons: dict[str, str] = {}
     problems: list[str] = []
-    for name in [p for p in PROBE_ORDER if p in probes and p in checks]:
+    for name in ordered(probes):
+        check = PROBES[name].cannot_run
+        if check is None:
+            continue
         try:
-            reason = checks[name](view)
+            reason = check(view)
         except ConfigError as exc:
             problems += exc.problems
             continue
@@ -210,7 +124,7 @@ def _write_run_json(run: RunDir, config: Config, probes: list[str], resume: bool
     if resume and run.has("run.json"):
         meta = run.read_json("run.json")
         asked = set(meta.get("probes") or []) | set(probes)
-        meta["probes"] = [p for p in PROBE_ORDER if p in asked] + sorted(asked - set(PROBE_ORDER))
+        meta["probes"] = ordered(asked) + sorted(asked - set(ORDER))
         meta["resumed"] = [*meta.get("resumed", []), utc_now()]
         run.write_json("run.json", meta)
         return
@@ -251,10 +165,8 @@ async def run_eval(
     """`deadline`: the canary's --budget ends then (time.monotonic(); kvprobe.run.budget). `advise`: say which
     bars the planned sizes cannot pass (not for the canary, whose small sizes are its point)."""
     _write_run_json(run, config, probes, resume, left_out)
-    from kvprobe.probes import preflights
-
-    for name, check in preflights().items():
-        if name in probes:  # before any server is asked anything
+    for name in ordered(probes):  # before any server is asked anything
+        if (check := PROBES[name].preflight) is not None:
             await asyncio.to_thread(check, config)
     async with AsyncExitStack() as stack:
         clients = make_clients(config, transport)
@@ -281,17 +193,17 @@ async def run_eval(
         ref = config.reference.name
         pin = check_pin(invs[ref], [invs[c.name] for c in config.candidates], config.knob)
         run.event("pin", **pin.to_dict())
-        ctx = EvalContext(config, run, clients, invs, pin, console, deadline=deadline)
+        ctx = EvalContext(config, run, clients, invs, pin, console, deadline=deadline,
+                          reporter=TerminalReporter(console, ref, config.bars))
 
         cannot_run = cannot_run_lines(inventories)
         if cannot_run:
             return EvalOutcome(EXIT_CANNOT_RUN, cannot_run, ctx)
 
-        table = _probe_table()
-        unknown = [p for p in probes if p not in table]
+        unknown = [p for p in probes if p not in PROBES]
         if unknown:
             return EvalOutcome(EXIT_CANNOT_RUN, [f"--probes: unknown probe(s) {', '.join(unknown)}: "
-                                                 f"choose from {', '.join(table)}"], ctx)
+                                                 f"choose from {', '.join(PROBES)}"], ctx)
         messages: list[str] = []
         no_capacity = [inv for inv in inventories if inv.capacity is None]
         if "capacity" in probes and no_capacity:
@@ -306,10 +218,10 @@ async def run_eval(
             budget = _Budget(ctx, inventories, deadline, runnable) if deadline is not None else None
             if budget is not None:
                 budget.plan(runnable)
-            for name in [p for p in PROBE_ORDER if p in runnable]:
+            for name in ordered(runnable):
                 if budget is None:
-                    ctx.results[name] = await table[name](ctx)
-                elif not await budget.run(name, table[name]):
+                    ctx.results[name] = await PROBES[name].run(ctx)
+                elif not await budget.run(name, PROBES[name].run):
                     continue
                 run.event("probe_done", probe=name)
         else:
@@ -376,8 +288,8 @@ class _Budget:
             return False
         scale = corrected_scale(self.current, name, time.monotonic() - t0)
         # What was asked and comes later, including what an earlier plan had no time for.
-        later = [p for p in PROBE_ORDER if p in self.requested and PROBE_ORDER.index(p) > PROBE_ORDER.index(name)]
-        if scale and name in ("perplexity", "needle") and later:
+        later = [p for p in ordered(self.requested) if ORDER.index(p) > ORDER.index(name)]
+        if scale and PROBES[name].replans and later:
             self.plan(later, scale, f"(re-planned from what {name} took)")
         return True
 

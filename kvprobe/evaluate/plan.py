@@ -27,6 +27,7 @@ from urllib.parse import urlparse
 
 from kvprobe.config import Config, NeedleSettings, Server
 from kvprobe.errors import ConfigError, KvprobeError, NotModelled, ServerError
+from kvprobe.probes import PROBES, default_probes, ordered
 
 # Assumed speeds for the rough time. The slow end is the demo trio's 2-core CPU box: its slowest
 # first-prefill smoke (1,033 prompt tokens/s) and ~30 ms a decoded answer token with the other servers
@@ -105,17 +106,13 @@ def server_row(server: Server) -> dict[str, Any]:
 
 def choose_probes(config: Config, probes: str | None) -> tuple[list[str], list[str]]:
     """(the probes eval would run, problems): the default set, or --probes in eval's order."""
-    from kvprobe.evaluate.orchestrate import PROBE_ORDER, available_probes
-    from kvprobe.probes import registry
-
     if not probes:
-        return available_probes(config), []
+        return default_probes(config), []
     asked = [p.strip() for p in probes.split(",") if p.strip()]
-    table = ["capacity", *registry()]
-    unknown = [p for p in asked if p not in table]
+    unknown = [p for p in asked if p not in PROBES]
     if unknown:
-        return [], [f"--probes: unknown probe(s) {', '.join(unknown)}: choose from {', '.join(table)}"]
-    return [p for p in PROBE_ORDER if p in asked], []
+        return [], [f"--probes: unknown probe(s) {', '.join(unknown)}: choose from {', '.join(PROBES)}"]
+    return ordered(asked), []
 
 
 def model_config_facts(config: Config, source: str = "servers.toml") -> tuple[dict[str, Any] | None, list[str],
@@ -145,12 +142,10 @@ def model_config_facts(config: Config, source: str = "servers.toml") -> tuple[di
 def preflight_problems(config: Config, probes: list[str]) -> tuple[dict[str, Any], list[str]]:
     """The probes' own checks that need no server (a task lm-eval cannot load, ...), as eval runs them
     first: (what they found, problems)."""
-    from kvprobe.probes import preflights
-
     found: dict[str, Any] = {}
     problems: list[str] = []
-    for name, check in preflights().items():
-        if name not in probes:
+    for name in ordered(probes):
+        if (check := PROBES[name].preflight) is None:
             continue
         try:
             found[name] = check(config)

@@ -29,7 +29,7 @@ from kvprobe.quality.own_data import task_source
 from kvprobe.quality.passages import split_ids
 
 if TYPE_CHECKING:
-    from kvprobe.evaluate.orchestrate import EvalContext
+    from kvprobe.run.context import EvalContext
     from kvprobe.server.client import Client
 
 
@@ -184,9 +184,5 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
             entry["error"] = ctx.broken[name]
         summary[name] = entry
     ctx.run.write_json("agreement.json", summary)
-    from kvprobe.report.summary import print_probe
-    from kvprobe.verdict.checks import live_checks
-
-    checks = live_checks("agreement", summary, ctx.reference, list(summary), ctx.config.bars)
-    print_probe(ctx.console, "agreement", checks, summary)
+    ctx.reporter.probe_done("agreement", summary, list(summary))
     return summary

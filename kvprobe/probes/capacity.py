@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvprobe.errors import Unreadable
+from kvprobe.server.allocator import memmap_settings
 from kvprobe.server.inventory import Inventory
 from kvprobe.server.pin import PinCheck
-from kvprobe.server.untrusted import MAX_TOKENS, number
 
 if TYPE_CHECKING:  # memmap is imported only when servers.toml asks for it
-    from kvprobe.memmap import Plan, Settings
+    from kvprobe.memmap import Plan
+    from kvprobe.run.context import EvalContext
 
 
 def capacity_summary(reference: str, inventories: dict[str, Inventory], pin: PinCheck) -> dict[str, Any]:
@@ -31,50 +32,13 @@ def capacity_summary(reference: str, inventories: dict[str, Inventory], pin: Pin
     return {"reference": reference, "servers": servers, "pin": pin.to_dict()}
 
 
-def _settings(inv: Inventory, ref: Inventory) -> Settings | None:
-    """The allocator settings a server reports in cache_config_info (the reference's where it says
-    nothing), so a pair that differs in its Mamba state dtype or prefix caching is predicted as served.
-    None: a setting memmap does not model (a mamba_cache_mode other than align / none)."""
-    from kvprobe.memmap import Settings
-    from kvprobe.memmap.dtypes import MAMBA_DTYPES, STATE_DTYPE_BYTES
-
-    labels = {**(ref.cache_config or {}), **(inv.cache_config or {})}
-
-    def label(name: str, allowed: tuple[str, ...], default: str) -> str:
-        value = labels.get(name)
-        return value if value in allowed else default
-
-    try:
-        memory = number(labels.get("kv_cache_memory_bytes"), "kv_cache_memory_bytes", integer=True, minimum=1,
-                        maximum=MAX_TOKENS * 2**20, text=True)
-    except Unreadable:  # the allocator's default then: the prediction says which memory it assumed
-        memory = Settings.kv_memory_bytes
-    mode = labels.get("mamba_cache_mode")
-    if mode not in (None, "align", "none"):
-        return None
-    # The weights' dtype as served ("torch.float32"), which "auto" KV takes; only /server_info shows it.
-    info = inv.server_info or ref.server_info or {}
-    served = str(info.get("vllm_config.model_config.dtype") or "").removeprefix("torch.")
-    # The byte layout of the platform the server runs on (a GPU's per-token-head formats carry scales);
-    # a server that does not say is taken as the CPU build, and its row shows predicted beside measured.
-    device = (inv.platform or ref.platform).device if (inv.platform or ref.platform) else None
-    return Settings(
-        platform="cuda" if device == "cuda" else "cpu",
-        model_dtype=served if served in STATE_DTYPE_BYTES else None,
-        kv_memory_bytes=memory,
-        mamba_cache_dtype=label("mamba_cache_dtype", MAMBA_DTYPES, "auto"),
-        mamba_ssm_cache_dtype=label("mamba_ssm_cache_dtype", MAMBA_DTYPES, "auto"),
-        mamba_cache_mode=mode,
-    )
-
-
 def _predict(config_path: str, inv: Inventory, ref: Inventory) -> Plan | None:
     """This server's own prediction; None where memmap has no byte model for one of its settings."""
     from kvprobe.errors import ConfigError
     from kvprobe.memmap import build
     from kvprobe.memmap.dtypes import KV_DTYPES
 
-    settings = _settings(inv, ref)
+    settings = memmap_settings(inv, ref)
     if settings is None or inv.cache_dtype not in KV_DTYPES:
         return None
     try:
@@ -85,7 +49,8 @@ def _predict(config_path: str, inv: Inventory, ref: Inventory) -> Plan | None:
 
 
 def memory_map_summary(config_path: str, reference: str, inventories: dict[str, Inventory],
-                       capacity_gain_min: float, chart: Path | None = None) -> dict[str, Any]:
+                       capacity_gain_min: float, chart: Path | None = None,
+                       draw: Callable[[Any, Any, Path], Path | None] | None = None) -> dict[str, Any]:
     """The memory map of servers.toml's `model_config`, beside each server's measured capacity.
 
     The map itself (dtypes, conclusion, lever) is the reference's: its max_model_len, KV memory and
@@ -100,7 +65,7 @@ def memory_map_summary(config_path: str, reference: str, inventories: dict[str, 
     from kvprobe.memmap.dtypes import KV_DTYPES
 
     ref = inventories[reference]
-    settings = _settings(ref, ref)
+    settings = memmap_settings(ref, ref)
     if ref.cache_dtype not in KV_DTYPES:
         return {"config": config_path, "skipped": f"no byte model for the reference dtype {ref.cache_dtype}"}
     if settings is None:
@@ -146,11 +111,30 @@ def memory_map_summary(config_path: str, reference: str, inventories: dict[str, 
                              f"{1 + capacity_gain_min:.2f}x bar; {predicted_text}. {mm.conclusion()} {sentence}")
     out = {"config": config_path, **mm.details(), "servers": servers, "explain": explain,
            "lever": lv.to_json()}
-    if chart is not None:
-        from kvprobe.report.bytes_chart import bytes_chart
-        from kvprobe.report.lever_chart import lever_chart
-
-        out["chart"] = bytes_chart(mm, chart).name
-        if lv.ssm_dtypes:
-            out["lever_chart"] = lever_chart(lv, chart.with_name(f"{chart.stem}-lever.png")).name
+    if chart is not None and draw is not None:
+        if (drawn := draw("memmap", mm, chart)) is not None:
+            out["chart"] = drawn.name
+        if lv.ssm_dtypes and (drawn := draw("lever", lv, chart.with_name(f"{chart.stem}-lever.png"))) is not None:
+            out["lever_chart"] = drawn.name
     return out
+
+
+async def run(ctx: EvalContext) -> dict[str, Any]:
+    """capacity.json: what each server claims, and the memory map's prediction when servers.toml names
+    the model's config.json. Asks no server anything: the inventory already holds it."""
+    from kvprobe.errors import ConfigError
+
+    summary = capacity_summary(ctx.reference, ctx.inventories, ctx.pin)
+    memmap: dict[str, Any] = {}
+    if ctx.config.model_config_path:
+        memmap = summary["memmap"] = memory_map_summary(
+            ctx.config.model_config_path, ctx.reference, ctx.inventories, ctx.config.bars.capacity_gain_min,
+            ctx.run.path / "memmap.png", ctx.reporter.draw)
+    ctx.run.write_json("capacity.json", summary)
+    if "error" in memmap:
+        raise ConfigError([memmap["error"]])
+    if memmap:
+        ctx.console.print(f"memory map: {memmap.get('conclusion') or memmap.get('skipped')}", highlight=False)
+        if sentence := (memmap.get("lever") or {}).get("sentence"):
+            ctx.console.print(f"lever: {sentence}", highlight=False)
+    return summary

@@ -25,7 +25,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvprobe.errors import ServerError, Unreadable
-from kvprobe.evaluate.orchestrate import EvalContext
+from kvprobe.run.context import EvalContext
 from kvprobe.server.tokens import filler_ids
 from kvprobe.server.untrusted import optional_count
 

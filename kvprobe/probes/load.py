@@ -23,7 +23,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 from kvprobe.disk import json_digest, mkdir
 from kvprobe.errors import ConfigError, DiskError, KvprobeError, Unreachable
-from kvprobe.evaluate.orchestrate import EvalContext
 from kvprobe.load import spec_decode
 from kvprobe.load.client_load import limited
 from kvprobe.load.generator import CaseOutcome, CaseRunner
@@ -38,8 +37,8 @@ from kvprobe.load.workload import (
     measure_chars_per_token,
     shapes_of,
 )
-from kvprobe.report.summary import print_probe
 from kvprobe.run.budget import RESERVE_S
+from kvprobe.run.context import EvalContext
 from kvprobe.server.fit import tightest, written
 from kvprobe.stats.sequential import of_settings, williams
 
@@ -362,10 +361,7 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
         await _run_blocks(ctx, shapes, digest, run_nonce, source, notes, servers, workers)
     summary = build_summary(ctx, digest, servers)
     ctx.run.write_json("load.json", summary)
-    from kvprobe.verdict.checks import live_checks
-
-    checks = live_checks("load", summary, ctx.reference, list(summary["servers"]), ctx.config.bars)
-    print_probe(ctx.console, "load", checks, summary)
+    ctx.reporter.probe_done("load", summary, list(summary["servers"]))
     return summary
 
 

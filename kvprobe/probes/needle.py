@@ -14,14 +14,13 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvprobe.errors import ConfigError, ServerError, Unreadable
-from kvprobe.evaluate.orchestrate import EvalContext
 from kvprobe.needle.cases import check_templates, filler_words, make_cases
 from kvprobe.needle.placement import Filler
 from kvprobe.needle.plan import build_cases, cap_misfit, fingerprint, grid, prompt_room
 from kvprobe.needle.scoring import score
 from kvprobe.needle.summary import paired, server_summary
 from kvprobe.needle.tokens import Encoder, ServerEncoder, load_tiktoken
-from kvprobe.report.heatmap import paired_heatmap, status_heatmap
+from kvprobe.run.context import EvalContext
 from kvprobe.server.client import Generation
 from kvprobe.server.fit import tightest, written
 from kvprobe.server.untrusted import optional_count
@@ -159,13 +158,23 @@ def summarise(ctx: EvalContext, plan_id: str, meta: dict[str, Any]) -> dict[str,
         "settings": {**settings.model_dump(mode="json"), **meta},
         "heatmaps": {},
     }
-    for name in by_server:
-        path = status_heatmap(out["cases"], name, ctx.run.path / "needle" / f"heatmap-{name}.png")
-        out["heatmaps"][name] = str(path.relative_to(ctx.run.path))
-    for name in out["paired"]:
-        path = paired_heatmap(out["cases"], ref, name, ctx.run.path / "needle" / f"paired-{name}.png")
-        out["heatmaps"][f"{name} vs {ref}"] = str(path.relative_to(ctx.run.path))
     return out
+
+
+def draw_heatmaps(ctx: EvalContext, out: dict[str, Any]) -> None:
+    """needle.json's "heatmaps" (title -> file): one per server by status, one per candidate against the
+    reference, drawn by the run's reporter."""
+    ref = out["reference"]
+    for name in out["servers"]:
+        path = ctx.reporter.draw("needle_status", (out["cases"], name),
+                                 ctx.run.path / "needle" / f"heatmap-{name}.png")
+        if path is not None:
+            out["heatmaps"][name] = str(path.relative_to(ctx.run.path))
+    for name in out["paired"]:
+        path = ctx.reporter.draw("needle_paired", (out["cases"], ref, name),
+                                 ctx.run.path / "needle" / f"paired-{name}.png")
+        if path is not None:
+            out["heatmaps"][f"{name} vs {ref}"] = str(path.relative_to(ctx.run.path))
 
 
 def cannot_run(ctx: EvalContext) -> str | None:
@@ -199,11 +208,8 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
             jobs.append(_ask_server(ctx, name, plan_id, todo, bar, task))
         await asyncio.gather(*jobs)
     summary = summarise(ctx, plan_id, meta)
+    draw_heatmaps(ctx, summary)
     ctx.run.write_json("needle.json", summary)
-    from kvprobe.report.summary import print_probe
-    from kvprobe.verdict.checks import live_checks
-
-    checks = live_checks("needle", summary, ctx.reference, list(summary["servers"]), ctx.config.bars)
-    print_probe(ctx.console, "needle", checks)
+    ctx.reporter.probe_done("needle", summary, list(summary["servers"]))
     return summary
 

@@ -31,8 +31,8 @@ from kvprobe.quality.passages import PassagePlan, plan_passage
 from kvprobe.quality.perplexity_stats import UNIT_FIELD, DocRow, perplexities
 
 if TYPE_CHECKING:
-    from kvprobe.evaluate.orchestrate import EvalContext
     from kvprobe.quality.lmeval import Target
+    from kvprobe.run.context import EvalContext
 
 
 def ordered_active(ctx: EvalContext) -> list[str]:
@@ -264,11 +264,7 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
             summary["servers"][name]["lm_eval"] = agg.get("lm_eval")
             summary["servers"][name]["seconds"] = agg.get("seconds")
     ctx.run.write_json("perplexity.json", summary)
-    from kvprobe.report.summary import print_probe
-    from kvprobe.verdict.checks import live_checks
-
-    checks = live_checks("perplexity", summary, ctx.reference, list(summary["servers"]), ctx.config.bars)
-    print_probe(ctx.console, "perplexity", checks)
+    ctx.reporter.probe_done("perplexity", summary, list(summary["servers"]))
     return summary
 
 

@@ -22,11 +22,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from kvprobe.corpus import TASKS_DIR
 from kvprobe.disk import json_digest
 from kvprobe.errors import ConfigError
-from kvprobe.evaluate.orchestrate import EvalContext
 from kvprobe.probes.perplexity import is_server_failure, one_line, ordered_active, targets_for
 from kvprobe.quality import lmeval
 from kvprobe.quality.task_eval import SampleRow, TaskInfo, evaluate_task, load_task
 from kvprobe.quality.task_stats import accuracy
+from kvprobe.run.context import EvalContext
 from kvprobe.server.fit import CapMisfit, cap_misfit, written
 
 
@@ -160,11 +160,7 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
     summary = summarise(ref, names, infos, rows, settings, ctx.broken)
     summary["tasks_dir"] = str(tasks_dir)
     ctx.run.write_json("tasks.json", summary)
-    from kvprobe.report.summary import print_probe
-    from kvprobe.verdict.checks import live_checks
-
-    checks = live_checks("tasks", summary, ctx.reference, names, ctx.config.bars)
-    print_probe(ctx.console, "tasks", checks)
+    ctx.reporter.probe_done("tasks", summary, names)
     return summary
 
 

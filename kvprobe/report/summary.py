@@ -16,10 +16,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from kvprobe.load import spec_decode
+from kvprobe.probes import on_axis
 from kvprobe.report import cells
 from kvprobe.report.terminal import OUTCOME_STYLE
 
-QUALITY_PROBES = ("perplexity", "agreement", "needle", "tasks")
+QUALITY_PROBES = on_axis("quality")
 AXIS = 9  # "capacity " etc.: the label column
 
 

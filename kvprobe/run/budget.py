@@ -16,6 +16,7 @@ from typing import Any
 
 from kvprobe.config import Config
 from kvprobe.errors import ConfigError
+from kvprobe.probes import PROBES, ordered
 from kvprobe.server.inventory import Inventory
 
 # Measured on the demo trio (needle-llama, 2 cores): a shipped perplexity passage is ~2,700 tokens,
@@ -117,13 +118,17 @@ def _costs(config: Config, servers: int, rate: float, max_model_len: int) -> dic
     }
 
 
+def _kind(probe: str) -> str:
+    return PROBES[probe].budget if probe in PROBES else "none"
+
+
 def plan_budget(config: Config, probes: list[str], inventories: list[Inventory], seconds_left: float,
                 max_model_len: int, scale: float = 1.0) -> tuple[Config, BudgetPlan]:
     """The config resized to what `seconds_left` holds, and the plan that says so. `config` holds the
     most each probe may grow to; `scale` corrects the model once a probe has shown how far off it is."""
     servers = sum(1 for inv in inventories if inv.serving)
     rate = smoke_rate(inventories)
-    plan = BudgetPlan(seconds_left, rate, [p for p in probes if p in ("capacity", "fill")], scale=scale)
+    plan = BudgetPlan(seconds_left, rate, [p for p in probes if _kind(p) == "free"], scale=scale)
     if rate is None or servers == 0:
         plan.left_out = [p for p in probes if p not in plan.probes]
         return config, plan
@@ -136,14 +141,15 @@ def plan_budget(config: Config, probes: list[str], inventories: list[Inventory],
     def spent(p: str) -> float:
         return units[p] * cost[p] + (cost["load_fixed"] if p == "load" else 0.0)
 
-    for p in [p for p in ("perplexity", "agreement", "needle", "load") if p in probes]:
+    for p in [p for p in ordered(probes) if _kind(p) == "sized"]:
         if spent(p) <= room:
             plan.probes.append(p)
             room -= spent(p)
         else:
             plan.left_out.append(p)
-    # Grow the probes that gain most from size in turn, one unit at a time, while time is left.
-    growing = [p for p in ("needle", "perplexity", "load") if p in plan.probes]
+    # Grow the probes that gain most from size in turn (grow_rank), one unit at a time, while time is left.
+    growing = sorted((p for p in plan.probes if p in PROBES and PROBES[p].grow_rank is not None),
+                     key=lambda p: PROBES[p].grow_rank or 0)
     while growing:
         for p in list(growing):
             if units[p] < caps[p] and cost[p] <= room:

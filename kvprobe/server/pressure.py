@@ -227,7 +227,7 @@ def two_x_format(inv: Inventory, config: str | Path | None = None) -> TwoX:
     from kvprobe.errors import ConfigError
     from kvprobe.memmap import build, load_config, model_shape
     from kvprobe.memmap.dtypes import KV_DTYPES, kv_element_bytes
-    from kvprobe.probes.capacity import _settings
+    from kvprobe.server.allocator import memmap_settings
 
     if config is None:
         if not inv.model_root:
@@ -238,7 +238,7 @@ def two_x_format(inv: Inventory, config: str | Path | None = None) -> TwoX:
     dtype = inv.cache_dtype
     if dtype not in KV_DTYPES:
         return TwoX(reason=f"the memory map has no byte model for cache_dtype {dtype}")
-    settings = _settings(inv, inv)
+    settings = memmap_settings(inv, inv)
     if settings is None:
         return TwoX(reason="the memory map has no allocator model for this server's mamba_cache_mode")
     try:

@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from kvprobe.probes import ORDER
 from kvprobe.run.store import RunDir
 
-PROBES = ("capacity", "perplexity", "agreement", "needle", "tasks", "load", "fill")
+PROBES = ORDER  # kvprobe.probes: the one list
 
 _INVENTORY_KEYS = ("role", "status", "error", "version", "model", "model_root", "max_model_len", "cache_dtype",
                    "has_tokenize")

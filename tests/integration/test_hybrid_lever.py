@@ -26,8 +26,9 @@ from rich.console import Console
 
 from kvprobe.config import parse_config
 from kvprobe.corpus import TASKS_DIR
-from kvprobe.evaluate.orchestrate import available_probes, run_eval
+from kvprobe.evaluate.orchestrate import run_eval
 from kvprobe.memmap import Settings, build
+from kvprobe.probes import default_probes
 from kvprobe.run.store import RunDir
 from kvprobe.server.metrics import parse_metrics
 from kvprobe.testbed import ServerSpec, stop
@@ -152,7 +153,7 @@ async def test_pinned_ssm_state_frees_167x_with_quality_intact(running, tmp_path
     passages = tmp_path / "short.jsonl"
     rows = [json.loads(line) for line in (TASKS_DIR / "perplexity" / "passages.jsonl").read_text().splitlines()]
     passages.write_text("".join(json.dumps({"text": r["text"][:1500]}) + "\n" for r in rows[:8]))
-    probes = [p for p in available_probes() if p not in ("agreement", "load")]
+    probes = [p for p in default_probes() if p not in ("agreement", "load")]
     verdict, capacity, code = await evaluate(
         c, tmp_path, probes, perplexity={"limit": 8, "passages": str(passages)}, needle={"count": 20})
     assert verdict["pin"]["valid"] and verdict["pin"]["knob"] == "mamba_ssm_cache_dtype"

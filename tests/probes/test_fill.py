@@ -87,9 +87,9 @@ async def test_fill_is_opt_in_and_resumes_without_refilling(tmp_path) -> None:
     await run_eval(config(0.01), RunDir.open(run.path), ["capacity", "fill"], console, transport=multi.transport())
     assert good.state["served"] == served  # recorded: not filled again
 
-    from kvprobe.evaluate.orchestrate import available_probes
+    from kvprobe.probes import default_probes
 
-    assert "fill" not in available_probes()
+    assert "fill" not in default_probes()
 
 
 async def test_default_prompts_fill_max_model_len_and_a_refusal_is_not_a_crash(tmp_path) -> None:

@@ -1,0 +1,196 @@
+"""The package's shape, held by tests: no import cycle at any level, a root that holds only the
+foundation, data flowing one way between the stage packages, and one list of probes.
+
+Imports are read from the source (an AST walk), so a function-level import or one under
+TYPE_CHECKING counts like any other: a cycle that works only because an import is deferred is
+still a cycle. An edge is what a module names: `from kvprobe.memmap import build` is an import of
+kvprobe.memmap's __init__, `from kvprobe.memmap.dtypes import X` of the dtypes module. The parent
+packages Python runs on the way are not counted, so a package's __init__ may re-export its own
+modules (httpx's pattern) without that reading as a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import kvprobe
+from kvprobe.probes import ORDER, PROBES, default_probes, help_text
+from kvprobe.verdict.evidence import READERS
+
+PACKAGE = Path(kvprobe.__file__).parent
+
+# The root holds the foundation every stage may import and that imports no stage: errors and settings,
+# plus servers.toml's model (config), the one knob a comparison may change (knob), atomic writes
+# (disk) and the text shipped in tasks/ (corpus). Each imports nothing from kvprobe but errors/settings.
+ROOT_MODULES = {"__init__", "errors", "settings", "config", "knob", "disk", "corpus"}
+FOUNDATION = ROOT_MODULES - {"__init__"}
+
+# Stage packages, lowest first: a module may import from its own package, the foundation, and any
+# package listed before its own. `probes` may import `verdict.checks` alone from above: the load probe
+# stops its paired blocks when the speed check is settled (the sequential design), judged by the same
+# function the verdict uses. kvprobe.probes/__init__ is a leaf (the registry), readable by all.
+LAYERS = ["stats", "memmap", "server", "quality", "needle", "load", "run", "probes", "verdict", "report",
+          "evaluate", "cli"]
+UPWARD_ALLOWED = {("kvprobe.probes", "kvprobe.verdict.checks")}
+LEAVES = {"kvprobe.probes"}  # the registry: imports nothing from kvprobe at run time but config/run types
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+MODULES = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _owner(name: str) -> str | None:
+    """The kvprobe module an imported dotted name lives in (a name imported from a module is not one)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def imports_of(module: str) -> set[str]:
+    """Every kvprobe module `module` imports, at any level, with the packages that importing runs."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names]
+        for target in targets:
+            if not target.startswith("kvprobe"):
+                continue
+            owner = _owner(target)
+            if owner:
+                found.add(owner)
+    found.discard(module)
+    return found
+
+
+GRAPH = {module: imports_of(module) for module in MODULES}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), or a module importing itself."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_cycle_finder_finds_a_deferred_cycle() -> None:
+    # The check itself can fail: a function-level import that closes a loop is a cycle.
+    source = {"kvprobe.a": "def f():\n    from kvprobe.b import g\n", "kvprobe.b": "from kvprobe.a import f\n"}
+    graph = {}
+    for name, text in source.items():
+        graph[name] = {
+            n.module for n in ast.walk(ast.parse(text)) if isinstance(n, ast.ImportFrom) and n.module}
+    assert cycles(graph) == [["kvprobe.a", "kvprobe.b"]]
+
+
+def test_the_walk_sees_function_level_and_type_checking_imports() -> None:
+    assert "kvprobe.server.client" in GRAPH["kvprobe.server.tokens"]  # under TYPE_CHECKING
+    assert "kvprobe.verdict.checks" in GRAPH["kvprobe.probes.load"]  # inside a function
+
+
+def test_no_import_cycle_inside_kvprobe() -> None:
+    assert cycles(GRAPH) == []
+
+
+def test_the_root_holds_only_the_foundation() -> None:
+    root = {p.stem for p in PACKAGE.glob("*.py")}
+    assert root == ROOT_MODULES, f"modules at kvprobe/'s root beyond the foundation: {sorted(root - ROOT_MODULES)}"
+    for name in FOUNDATION:
+        above = {m for m in GRAPH[f"kvprobe.{name}"] if m not in {"kvprobe.errors", "kvprobe.settings"}}
+        assert not above, f"kvprobe.{name} is foundation but imports {sorted(above)}"
+
+
+def _stage(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def test_data_flows_one_way_between_the_stages() -> None:
+    upward = []
+    for module, targets in GRAPH.items():
+        own = _stage(module)
+        if own is None or module in LEAVES:
+            continue
+        for target in targets:
+            stage = _stage(target)
+            if stage is None or stage == own or target in LEAVES:
+                continue
+            allowed = any(module.startswith(a) and target.startswith(b) for a, b in UPWARD_ALLOWED)
+            if LAYERS.index(stage) > LAYERS.index(own) and not allowed:
+                upward.append(f"{module} -> {target}")
+    assert upward == []
+
+
+def test_nothing_below_the_cli_imports_it_and_the_testbed_is_no_product_dependency() -> None:
+    for module, targets in GRAPH.items():
+        if not module.startswith(("kvprobe.cli", "kvprobe.testbed")):
+            assert not {t for t in targets if t.startswith("kvprobe.cli")}, module
+            assert not {t for t in targets if t.startswith("kvprobe.testbed")}, module
+
+
+def test_probes_and_engines_never_import_the_report() -> None:
+    # A probe shows its checks and draws its charts through ctx.reporter (kvprobe.run.context).
+    for module, targets in GRAPH.items():
+        if _stage(module) in {"probes", "quality", "needle", "load", "memmap", "server", "run", "verdict", "stats"}:
+            assert not {t for t in targets if t.startswith("kvprobe.report")}, module
+
+
+def test_one_list_of_probes() -> None:
+    assert list(PROBES) == list(ORDER)
+    assert set(READERS) == set(PROBES), "every probe needs its reader in kvprobe.verdict.evidence"
+    for name, probe in PROBES.items():
+        assert probe.module().__name__ == f"kvprobe.probes.{name}"
+        assert callable(probe.run)
+    assert default_probes() == ["capacity", "perplexity", "agreement", "needle", "load"]
+    assert "fill" in help_text() and "tasks" in help_text()
+
+
+@pytest.mark.parametrize("name", ["Client", "RunDir", "PROBES", "write_verdict", "run_eval"])
+def test_the_public_api_resolves_lazily(name: str) -> None:
+    assert getattr(kvprobe, name) is not None
+    assert name in kvprobe.__all__
