@@ -18,7 +18,7 @@ import json
 import json.decoder
 import traceback
 from collections import defaultdict
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -153,46 +153,110 @@ def recorded_runs(ctx: EvalContext, key: str) -> tuple[dict[tuple[str, int], lis
     return rows, runs
 
 
-async def run(ctx: EvalContext) -> dict[str, Any]:
-    from kvprobe.quality import lmeval
+@dataclass
+class _Scoring:
+    """One perplexity run's shared state: every server's lm-eval runs read the same plans and settings
+    and add to the same rows and run records."""
 
-    settings = ctx.config.perplexity
-    bar = ctx.config.bars.perplexity_delta_max
-    ref = ctx.reference
-    names = ordered_active(ctx)
-    if ref not in names:
-        summary = {"reference": ref, "servers": {}, "error": f"reference {ref} is not serving"}
-        ctx.run.write_json("perplexity.json", summary)
-        return summary
+    ctx: EvalContext
+    settings: Any
+    task: str
+    tasks_dir: Path
+    key: str
+    targets: dict[str, Target]
+    plans: list[PassagePlan]
+    repeats: dict[str, int]
+    rows: dict[tuple[str, int], list[DocRow]]
+    run_records: dict[tuple[str, int], dict[str, Any]]
+    progress: Progress = field(init=False)
 
+    def __post_init__(self) -> None:
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("windows"), TimeElapsedColumn(), console=self.ctx.console,
+                                 transient=False)
+
+    @property
+    def total_windows(self) -> int:
+        return sum(len(p.windows) for p in self.plans)
+
+    async def server(self, name: str) -> None:
+        """Every repeat of one server in turn (a recorded one only shown); none once the server is broken."""
+        total_windows = self.total_windows
+        for repeat in range(1, self.repeats[name] + 1):
+            label = f"perplexity {name}" + (f" (run {repeat})" if self.repeats[name] > 1 else "")
+            if (name, repeat) in self.rows:
+                self.progress.add_task(f"{label} [dim](recorded)[/dim]", total=total_windows,
+                                       completed=total_windows)
+                continue
+            if name in self.ctx.broken or name not in self.targets:
+                return
+            if not await self.score(name, repeat, label, total_windows):
+                return
+
+    async def score(self, name: str, repeat: int, label: str, total_windows: int) -> bool:
+        """One lm-eval run on one server, its rows recorded; False, with the server marked broken, when
+        the server failed."""
+        from kvprobe.quality import lmeval
+
+        progress = self.progress
+        task_id = progress.add_task(label, total=total_windows)
+
+        def on_window(done: int, total: int, task_id: Any = task_id) -> None:
+            progress.update(task_id, completed=done, total=total)
+
+        try:
+            result = await asyncio.to_thread(lmeval.evaluate, self.targets[name], self.task, self.settings.limit,
+                                             on_window, self.tasks_dir)
+        except Exception as exc:
+            if not is_server_failure(exc):
+                raise
+            self.ctx.mark_broken(name, f"perplexity: {one_line(exc)}")
+            return False
+        tokens = {p.index: p.tokens for p in self.plans}
+        got = [DocRow(d.index, d.loglikelihood, d.words, d.bytes, tokens[d.index]) for d in result.docs]
+        if [r.index for r in got] != [p.index for p in self.plans]:
+            raise RuntimeError(f"lm-eval scored documents {[r.index for r in got]} on {name}, "
+                               f"expected {[p.index for p in self.plans]}")
+        for row, plan in zip(got, self.plans, strict=True):
+            self.ctx.run.event("perplexity_doc", server=name, repeat=repeat, key=self.key, doc=row.index,
+                               id=plan.id, loglikelihood=row.loglikelihood, words=row.words, bytes=row.bytes,
+                               tokens=row.tokens, windows=len(plan.windows), crossed_chunk=plan.crossed_chunk)
+        self.run_records[(name, repeat)] = self.ctx.run.event(
+            "perplexity_run", server=name, repeat=repeat, key=self.key, docs=len(got), seconds=result.seconds,
+            windows=result.windows, lm_eval=result.aggregate, tokenizer=self.targets[name].tokenizer.describe())
+        self.rows[(name, repeat)] = got
+        return True
+
+
+def _without_reference(ctx: EvalContext, error: str) -> dict[str, Any]:
+    """perplexity.json when the reference cannot be scored: nothing is compared."""
+    summary = {"reference": ctx.reference, "servers": {}, "error": error}
+    ctx.run.write_json("perplexity.json", summary)
+    return summary
+
+
+def _common_max_length(ctx: EvalContext, names: list[str]) -> int:
+    """The smallest max_model_len of the servers: identical lm-eval settings for every one."""
     lengths = {n: ctx.inventories[n].max_model_len for n in names}
     unknown = [n for n, v in lengths.items() if not v]
     if unknown:
         from kvprobe.errors import ConfigError
 
         raise ConfigError([f"{n}: max_model_len unknown (/v1/models has none): perplexity needs it" for n in unknown])
-    max_length = min(v for v in lengths.values() if v)  # identical settings for every server
-    targets = await targets_for(ctx, names, max_length, settings.num_concurrent)
-    if ref not in targets:
-        summary = {"reference": ref, "servers": {}, "error": f"reference {ref}: {ctx.broken.get(ref)}"}
-        ctx.run.write_json("perplexity.json", summary)
-        return summary
+    return min(v for v in lengths.values() if v)
 
-    task, tasks_dir = task_source(settings)
-    tokenized = await tokenized_passages(ctx, "perplexity", targets[ref], task, settings.limit, tasks_dir)
-    if tokenized is None:
-        summary = {"reference": ref, "servers": {}, "error": f"reference {ref}: {ctx.broken[ref]}"}
-        ctx.run.write_json("perplexity.json", summary)
-        return summary
-    passages, prefix, ids = tokenized
-    targets = {n: replace(t, prefix_token_id=prefix) for n, t in targets.items()}
-    plans = [plan_passage(p.index, p.id, p.text, len(toks), max_length, settings.prefill_chunk_tokens)
-             for p, toks in zip(passages, ids, strict=True)]
-    key = settings_key(task, settings.limit, max_length, prefix, lmeval.passages_digest(passages))
+
+def _record_plan(ctx: EvalContext, key: str, task: str, settings: Any, max_length: int, prefix: int | None,
+                plans: list[PassagePlan]) -> None:
+    """The perplexity_plan event, once per settings key (a rerun finds it there)."""
     if not any(True for _ in ctx.run.events("perplexity_plan", key=key)):
         ctx.run.event("perplexity_plan", key=key, task=task, limit=settings.limit, max_length=max_length,
                       prefix_token_id=prefix, prefill_chunk_tokens=settings.prefill_chunk_tokens,
                       passages=[p.to_dict() for p in plans])
+
+
+def _say_windows(ctx: EvalContext, plans: list[PassagePlan], max_length: int, prefill_chunk_tokens: int) -> None:
+    """Which passages need more than one request, and a warning when none crosses a prefill chunk."""
     windowed = [p for p in plans if len(p.windows) > 1]
     if len(windowed) > 3:  # a short context windows nearly every passage: one line, not one per passage
         counts = sorted({len(p.windows) for p in windowed})
@@ -205,67 +269,60 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
                               f"holds at max_model_len {max_length:,}: scored in {len(p.windows)} windows")
     if not any(p.crossed_chunk for p in plans):
         ctx.console.print(f"[yellow]perplexity: no passage is longer than one prefill chunk "
-                          f"({settings.prefill_chunk_tokens:,} tokens)[/yellow]")
+                          f"({prefill_chunk_tokens:,} tokens)[/yellow]")
 
-    tokens = {p.index: p.tokens for p in plans}
-    total_windows = sum(len(p.windows) for p in plans)
+
+async def run(ctx: EvalContext) -> dict[str, Any]:
+    from kvprobe.quality import lmeval
+
+    settings = ctx.config.perplexity
+    bar = ctx.config.bars.perplexity_delta_max
+    ref = ctx.reference
+    names = ordered_active(ctx)
+    if ref not in names:
+        return _without_reference(ctx, f"reference {ref} is not serving")
+    max_length = _common_max_length(ctx, names)
+    targets = await targets_for(ctx, names, max_length, settings.num_concurrent)
+    if ref not in targets:
+        return _without_reference(ctx, f"reference {ref}: {ctx.broken.get(ref)}")
+
+    task, tasks_dir = task_source(settings)
+    tokenized = await tokenized_passages(ctx, "perplexity", targets[ref], task, settings.limit, tasks_dir)
+    if tokenized is None:
+        return _without_reference(ctx, f"reference {ref}: {ctx.broken[ref]}")
+    passages, prefix, ids = tokenized
+    targets = {n: replace(t, prefix_token_id=prefix) for n, t in targets.items()}
+    plans = [plan_passage(p.index, p.id, p.text, len(toks), max_length, settings.prefill_chunk_tokens)
+             for p, toks in zip(passages, ids, strict=True)]
+    key = settings_key(task, settings.limit, max_length, prefix, lmeval.passages_digest(passages))
+    _record_plan(ctx, key, task, settings, max_length, prefix, plans)
+    _say_windows(ctx, plans, max_length, settings.prefill_chunk_tokens)
+
     repeats = {n: settings.reference_repeats if n == ref else 1 for n in names}
     recorded, run_records = recorded_runs(ctx, key)
     rows = {run: got for run, got in recorded.items() if run[0] in names and run[1] <= repeats[run[0]]}
-
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("windows"), TimeElapsedColumn(), console=ctx.console, transient=False)
-
-    async def server_job(name: str) -> None:
-        for repeat in range(1, repeats[name] + 1):
-            label = f"perplexity {name}" + (f" (run {repeat})" if repeats[name] > 1 else "")
-            if (name, repeat) in rows:
-                progress.add_task(f"{label} [dim](recorded)[/dim]", total=total_windows, completed=total_windows)
-                continue
-            if name in ctx.broken or name not in targets:
-                return
-            task_id = progress.add_task(label, total=total_windows)
-
-            def on_window(done: int, total: int, task_id: Any = task_id) -> None:
-                progress.update(task_id, completed=done, total=total)
-
-            try:
-                result = await asyncio.to_thread(lmeval.evaluate, targets[name], task, settings.limit,
-                                                 on_window, tasks_dir)
-            except Exception as exc:
-                if not is_server_failure(exc):
-                    raise
-                ctx.mark_broken(name, f"perplexity: {one_line(exc)}")
-                return
-            got = [DocRow(d.index, d.loglikelihood, d.words, d.bytes, tokens[d.index]) for d in result.docs]
-            if [r.index for r in got] != [p.index for p in plans]:
-                raise RuntimeError(f"lm-eval scored documents {[r.index for r in got]} on {name}, "
-                                   f"expected {[p.index for p in plans]}")
-            for row, plan in zip(got, plans, strict=True):
-                ctx.run.event("perplexity_doc", server=name, repeat=repeat, key=key, doc=row.index, id=plan.id,
-                              loglikelihood=row.loglikelihood, words=row.words, bytes=row.bytes,
-                              tokens=row.tokens, windows=len(plan.windows), crossed_chunk=plan.crossed_chunk)
-            run_records[(name, repeat)] = ctx.run.event(
-                "perplexity_run", server=name, repeat=repeat, key=key, docs=len(got), seconds=result.seconds,
-                windows=result.windows, lm_eval=result.aggregate, tokenizer=targets[name].tokenizer.describe())
-            rows[(name, repeat)] = got
-
-    with lmeval.quiet(), progress:
-        await asyncio.gather(*(server_job(n) for n in names))
+    scoring = _Scoring(ctx, settings, task, tasks_dir, key, targets, plans, repeats, rows, run_records)
+    with lmeval.quiet(), scoring.progress:
+        await asyncio.gather(*(scoring.server(n) for n in names))
 
     summary = summarise(ref, names, rows, plans, settings, bar, ctx.broken)
     summary.update(task=task, passages_file=settings.passages, limit=settings.limit, max_length=max_length,
                    prefix_token_id=prefix,
                    prefill_chunk_tokens=settings.prefill_chunk_tokens,
                    tokenizers={n: t.tokenizer.describe() for n, t in targets.items()})
+    _add_run_records(summary, run_records)
+    ctx.run.write_json("perplexity.json", summary)
+    ctx.reporter.probe_done("perplexity", summary, list(summary["servers"]))
+    return summary
+
+
+def _add_run_records(summary: dict[str, Any], run_records: dict[tuple[str, int], dict[str, Any]]) -> None:
+    """Each server's first run's lm-eval aggregate and seconds, beside its perplexities."""
     for name in summary["servers"]:
         agg = run_records.get((name, 1))
         if agg:
             summary["servers"][name]["lm_eval"] = agg.get("lm_eval")
             summary["servers"][name]["seconds"] = agg.get("seconds")
-    ctx.run.write_json("perplexity.json", summary)
-    ctx.reporter.probe_done("perplexity", summary, list(summary["servers"]))
-    return summary
 
 
 def summarise(ref: str, names: list[str], rows: dict[tuple[str, int], list[DocRow]], plans: list[PassagePlan],
