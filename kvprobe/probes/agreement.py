@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -92,28 +93,124 @@ def _recorded(ctx: EvalContext, key: str) -> dict[tuple[str, int], Comparison]:
     return out
 
 
-async def run(ctx: EvalContext) -> dict[str, Any]:
+@dataclass
+class _Comparing:
+    """One agreement run's shared state: the same ids go to every server, and each server's positions
+    are compared with the reference's first fetch of the same passage."""
 
-    settings = ctx.config.agreement
-    ref = ctx.reference
-    names = ordered_active(ctx)
-    if ref not in names:
-        ctx.run.write_json("agreement.json", {})
-        return {}
+    ctx: EvalContext
+    settings: Any
+    passages: list[Any]
+    prefix: int
+    ids: list[list[int]]
+    max_model_len: int
+    key: str
+    done: dict[tuple[str, int], Comparison]
+    pending: set[tuple[str, int]]
+    ref_positions: dict[int, list[TopK | None]] = field(default_factory=dict)
+    progress: Progress = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("passages"), TimeElapsedColumn(), console=self.ctx.console,
+                                 transient=False)
+
+    async def fetch(self, name: str, doc: int) -> list[TopK | None]:
+        return await fetch_positions(self.ctx.clients[name], self.prefix, self.ids[doc], self.max_model_len,
+                                     self.settings.top_k)
+
+    async def reference_pass(self) -> bool:
+        """The reference's positions on every pending passage, what the others are compared with; False,
+        with the reference marked broken, when it failed."""
+        ref = self.ctx.reference
+        need = sorted({d for (_, d) in self.pending})
+        task_id = self.progress.add_task(f"agreement {ref} (baseline)", total=len(need))
+        for doc in need:
+            try:
+                self.ref_positions[doc] = await self.fetch(ref, doc)
+            except Exception as exc:
+                if not is_server_failure(exc):
+                    raise
+                self.ctx.mark_broken(ref, f"agreement: {one_line(exc)}")
+                return False
+            self.progress.advance(task_id)
+        return True
+
+    async def server(self, name: str) -> None:
+        """One server's pending passages, `concurrency` at a time."""
+        ref, n = self.ctx.reference, len(self.ids)
+        todo = [d for d in range(n) if (name, d) in self.pending]
+        label = f"agreement {name}" + (" vs itself" if name == ref else f" vs {ref}")
+        task_id = self.progress.add_task(label, total=n, completed=n - len(todo))
+        sem = asyncio.Semaphore(self.settings.concurrency)
+        await asyncio.gather(*(self.passage(name, d, sem, task_id) for d in todo))
+
+    async def passage(self, name: str, doc: int, sem: asyncio.Semaphore, task_id: Any) -> None:
+        """One passage on one server compared and recorded; nothing once the server is broken."""
+        ctx = self.ctx
+        if name in ctx.broken:
+            return
+        async with sem:
+            try:
+                positions = await self.fetch(name, doc)
+            except Exception as exc:
+                if not is_server_failure(exc):
+                    raise
+                ctx.mark_broken(name, f"agreement: {one_line(exc)}")
+                return
+        result = compare(self.ref_positions[doc], positions)
+        self.done[(name, doc)] = result
+        ctx.run.event("agreement_doc", server=name, reference=ctx.reference, key=self.key, doc=doc,
+                      id=self.passages[doc].id, positions=result.positions, tokens=len(self.ids[doc]),
+                      top_k=self.settings.top_k, kl=result.kl, top1=[int(x) for x in result.top1],
+                      diff=result.diff)
+        self.progress.advance(task_id)
+
+    def summary(self, compared: list[str]) -> dict[str, Any]:
+        """agreement.json: per server its pooled and per-passage values over the passages done."""
+        ctx, ids, done = self.ctx, self.ids, self.done
+        summary: dict[str, Any] = {}
+        for name in compared:
+            per_doc = [done[(name, d)] for d in range(len(ids)) if (name, d) in done]
+            entry = summarise_server(per_doc)
+            entry.update(reference=ctx.reference, self=name == ctx.reference, top_k=self.settings.top_k,
+                         tokens=sum(len(ids[d]) for d in range(len(ids)) if (name, d) in done),
+                         passages_total=len(ids))
+            if name in ctx.broken:
+                entry["error"] = ctx.broken[name]
+            summary[name] = entry
+        return summary
+
+
+def _nothing_compared(ctx: EvalContext) -> dict[str, Any]:
+    ctx.run.write_json("agreement.json", {})
+    return {}
+
+
+def _common_max_model_len(ctx: EvalContext, names: list[str]) -> int:
+    """The smallest max_model_len of the servers (every server gets the same windows)."""
     max_model_len = min(ctx.inventories[n].max_model_len or 0 for n in names)
     if max_model_len < 3:
         raise ConfigError([f"{n}: max_model_len unknown (/v1/models has none): agreement needs it" for n in names
                            if not ctx.inventories[n].max_model_len])
+    return max_model_len
+
+
+async def run(ctx: EvalContext) -> dict[str, Any]:
+    settings = ctx.config.agreement
+    ref = ctx.reference
+    names = ordered_active(ctx)
+    if ref not in names:
+        return _nothing_compared(ctx)
+    max_model_len = _common_max_model_len(ctx, names)
     # The same tokenizer choice (and check) as perplexity: the passages become the same ids.
     targets = await targets_for(ctx, names, max_model_len, ctx.config.perplexity.num_concurrent, "agreement")
     if ref not in targets:
-        ctx.run.write_json("agreement.json", {})
-        return {}
+        return _nothing_compared(ctx)
     task, tasks_dir = task_source(ctx.config.perplexity)
     tokenized = await tokenized_passages(ctx, "agreement", targets[ref], task, settings.passages, tasks_dir)
     if tokenized is None:
-        ctx.run.write_json("agreement.json", {})
-        return {}
+        return _nothing_compared(ctx)
     passages, prefix, full_ids = tokenized
     ids = [toks[: settings.max_tokens_per_passage] for toks in full_ids]
     key = _key(settings.top_k, settings.max_tokens_per_passage, max_model_len, prefix, ids)
@@ -121,68 +218,13 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
     # The reference against itself: a second fetch compared with the first.
     compared = [n for n in names if n in targets]
     pending = {(n, d) for n in compared for d in range(len(ids)) if (n, d) not in done}
+    comparing = _Comparing(ctx, settings, passages, prefix, ids, max_model_len, key, done, pending)
 
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("passages"), TimeElapsedColumn(), console=ctx.console, transient=False)
-    ref_positions: dict[int, list[TopK | None]] = {}
+    with comparing.progress:
+        if pending and await comparing.reference_pass():
+            await asyncio.gather(*(comparing.server(n) for n in compared))
 
-    async def fetch(name: str, doc: int) -> list[TopK | None]:
-        return await fetch_positions(ctx.clients[name], prefix, ids[doc], max_model_len, settings.top_k)
-
-    async def reference_pass() -> bool:
-        need = sorted({d for (_, d) in pending})
-        task_id = progress.add_task(f"agreement {ref} (baseline)", total=len(need))
-        for doc in need:
-            try:
-                ref_positions[doc] = await fetch(ref, doc)
-            except Exception as exc:
-                if not is_server_failure(exc):
-                    raise
-                ctx.mark_broken(ref, f"agreement: {one_line(exc)}")
-                return False
-            progress.advance(task_id)
-        return True
-
-    async def server_job(name: str) -> None:
-        todo = [d for d in range(len(ids)) if (name, d) in pending]
-        label = f"agreement {name}" + (" vs itself" if name == ref else f" vs {ref}")
-        task_id = progress.add_task(label, total=len(ids), completed=len(ids) - len(todo))
-        sem = asyncio.Semaphore(settings.concurrency)
-
-        async def one(doc: int) -> None:
-            if name in ctx.broken:
-                return
-            async with sem:
-                try:
-                    positions = await fetch(name, doc)
-                except Exception as exc:
-                    if not is_server_failure(exc):
-                        raise
-                    ctx.mark_broken(name, f"agreement: {one_line(exc)}")
-                    return
-            result = compare(ref_positions[doc], positions)
-            done[(name, doc)] = result
-            ctx.run.event("agreement_doc", server=name, reference=ref, key=key, doc=doc, id=passages[doc].id,
-                          positions=result.positions, tokens=len(ids[doc]), top_k=settings.top_k,
-                          kl=result.kl, top1=[int(x) for x in result.top1], diff=result.diff)
-            progress.advance(task_id)
-
-        await asyncio.gather(*(one(d) for d in todo))
-
-    with progress:
-        if pending and await reference_pass():
-            await asyncio.gather(*(server_job(n) for n in compared))
-
-    summary: dict[str, Any] = {}
-    for name in compared:
-        per_doc = [done[(name, d)] for d in range(len(ids)) if (name, d) in done]
-        entry = summarise_server(per_doc)
-        entry.update(reference=ref, self=name == ref, top_k=settings.top_k,
-                     tokens=sum(len(ids[d]) for d in range(len(ids)) if (name, d) in done),
-                     passages_total=len(ids))
-        if name in ctx.broken:
-            entry["error"] = ctx.broken[name]
-        summary[name] = entry
+    summary = comparing.summary(compared)
     ctx.run.write_json("agreement.json", summary)
     ctx.reporter.probe_done("agreement", summary, list(summary))
     return summary
