@@ -9,7 +9,7 @@ keys the model does not name: a newer kvprobe may add some within a version.
 
 The checked-in schemas/verdict.schema.json is this model's JSON Schema. After changing the model:
     .venv/bin/python -m kvprobe.verdict.schema        (or scripts/schema)
-tests/test_verdict_schema.py fails, naming that command, while the file differs from the model.
+tests/verdict/test_verdict_schema.py fails, naming that command, while the file differs from the model.
 """
 
 from __future__ import annotations

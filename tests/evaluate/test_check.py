@@ -15,7 +15,7 @@ from replay import FIXTURES, MultiReplay, Replay
 from kvprobe.cli import main
 from kvprobe.evaluate import plan as plan_mod
 
-LLAMA_CONFIG = Path(__file__).parents[1] / "demo" / "models" / "needle-llama" / "config.json"
+LLAMA_CONFIG = Path(__file__).parents[2] / "demo" / "models" / "needle-llama" / "config.json"
 SECRET = "sk-check-never-printed-0451"
 
 SERVERS = """

@@ -20,7 +20,7 @@ from kvprobe.server.inventory import Inventory, take_inventories
 from kvprobe.server.metrics import only_families, parse_metrics
 from kvprobe.server.pressure import Sample, TwoX, diagnose, increase, summarize, two_x_format
 
-NEEDLE_LLAMA = Path(__file__).parents[1] / "demo" / "models" / "needle-llama" / "config.json"
+NEEDLE_LLAMA = Path(__file__).parents[2] / "demo" / "models" / "needle-llama" / "config.json"
 CPU_LOAD = capture("auto-8101", "metrics_under_load").decode()
 CPU_IDLE = capture("auto-8101", "metrics_fresh").decode()
 GPU = (GPU_FIXTURES / "auto" / "metrics.txt").read_text()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-EXAMPLES = Path(__file__).parents[1] / "examples" / "ci"
+EXAMPLES = Path(__file__).parents[2] / "examples" / "ci"
 SCHEMAS = {"github-actions.yml": "vendor.github-workflows", "gitlab-ci.yml": "vendor.gitlab-ci"}
 
 

@@ -11,7 +11,7 @@ import pytest
 from kvprobe.verdict import rules_v2
 from kvprobe.verdict.build import rederive, same
 
-RUNS = Path(__file__).parent / "fixtures" / "runs"
+RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
 INPUT_KEYS = ("reference", "order", "bars", "servers", "pin", "broken", "probes", "probes_status")
 
 

@@ -16,7 +16,7 @@ from kvprobe.verdict.checks import judge_probe
 
 SIMS = 2000
 NOMINAL = 0.025
-QA_DOCUMENTS = sum(1 for line in (Path(__file__).parents[2] / "tasks" / "qa" / "qa.jsonl").open() if line.strip())
+QA_DOCUMENTS = sum(1 for line in (Path(__file__).parents[3] / "tasks" / "qa" / "qa.jsonl").open() if line.strip())
 
 
 def _needle_inputs(ref: np.ndarray, cand: np.ndarray, cand_cut: np.ndarray) -> dict:
