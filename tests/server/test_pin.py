@@ -80,7 +80,8 @@ def server_info(name: str) -> dict:
     import json
     from pathlib import Path
 
-    return json.loads((Path(__file__).parents[1] / "fixtures" / "vllm-cpu-dev" / f"server_info-{name}.json").read_text())
+    folder = Path(__file__).parents[1] / "fixtures" / "vllm-cpu-dev"
+    return json.loads((folder / f"server_info-{name}.json").read_text())
 
 
 def test_server_info_of_real_auto_and_fp8_differs_only_in_kv_dtype() -> None:
