@@ -149,6 +149,90 @@ def conclude(run: RunDir, signing_key: SigningKey | None) -> dict[str, Any]:
     return verdict
 
 
+def _open_clients(stack: AsyncExitStack, config: Config, transport: Any) -> dict[str, Client]:
+    """One client per server, closed when `stack` closes; a model named in servers.toml is the one asked for."""
+    clients = make_clients(config, transport)
+    for client in clients.values():
+        stack.push_async_callback(client.aclose)
+    for server in config.servers:
+        if server.model:
+            clients[server.name].model = server.model
+    return clients
+
+
+async def _inventory_phase(config: Config, run: RunDir, clients: dict[str, Client],
+                           console: Console) -> list[Inventory]:
+    """Every server's inventory, each written to inventory/ in the run directory and kept in the events log."""
+    with console.status("inventory: health, version, model, /metrics, first-prefill smoke"):
+        inventories = await take_inventories(
+            list(clients.values()),
+            roles={s.name: s.role for s in config.servers},
+            backends={s.name: s.attention_backend for s in config.servers},
+            smoke_fraction=config.smoke.prompt_fraction,
+            smoke_max_tokens=config.smoke.max_tokens,
+        )
+    for inv in inventories:
+        run.write_json(f"inventory/{inv.name}.json", inv.to_dict())
+        if inv.metrics_text is not None:
+            run.write_text(f"inventory/{inv.name}.metrics.txt", inv.metrics_text)
+        run.event("inventory", server=inv.name, status=inv.status, error=inv.error,
+                  kv_cache_tokens=inv.capacity.kv_cache_tokens if inv.capacity else None)
+    return inventories
+
+
+def _cannot_start(inventories: list[Inventory], probes: list[str]) -> list[str]:
+    """Why no probe can run (exit 2): a server out of reach or unreadable, an unknown probe, or a capacity
+    run without every server's capacity; none when the probes can start."""
+    cannot_run = cannot_run_lines(inventories)
+    if cannot_run:
+        return cannot_run
+    unknown = [p for p in probes if p not in PROBES]
+    if unknown:
+        return [f"--probes: unknown probe(s) {', '.join(unknown)}: choose from {', '.join(PROBES)}"]
+    no_capacity = [inv for inv in inventories if inv.capacity is None]
+    if "capacity" in probes and no_capacity:
+        return [f"{inv.name}: KV capacity unknown: {'; '.join(inv.warnings) or 'no cache_config_info'}"
+                for inv in no_capacity]
+    return []
+
+
+async def _probe_phase(ctx: EvalContext, inventories: list[Inventory], probes: list[str], deadline: float | None,
+                       advise: bool) -> None:
+    """Fit, sizing advice, then each probe that fits in run order (within the canary's budget when it has one)."""
+    skipped = fit_phase(ctx, probes)
+    runnable = [p for p in probes if p not in skipped]  # the budget plans no time for the rest
+    if advise:
+        say_sizing(ctx, runnable)
+    budget = _Budget(ctx, inventories, deadline, runnable) if deadline is not None else None
+    if budget is not None:
+        budget.plan(runnable)
+    for name in ordered(runnable):
+        if budget is None:
+            ctx.results[name] = await PROBES[name].run(ctx)
+        elif not await budget.run(name, PROBES[name].run):
+            continue
+        ctx.run.event("probe_done", probe=name)
+
+
+def _outcome(ctx: EvalContext, inventories: list[Inventory], messages: list[str],
+             signing_key: SigningKey | None) -> EvalOutcome:
+    """The verdict written and signed, and the exit code, most serious first: an invalid comparison, a broken
+    server, then the verdict's own code; `messages` gains a line for each."""
+    code = EXIT_OK
+    broken = [inv for inv in inventories if not inv.serving]
+    if not ctx.pin.valid:
+        code = EXIT_INVALID
+        messages += [f"invalid comparison: {d.text}" for d in ctx.pin.all_differences()]
+    elif broken or ctx.broken:
+        code = EXIT_BROKEN
+    messages += [inv.error or f"{inv.name} is broken" for inv in broken]
+    messages += [f"{name} broke during the run: {err}" for name, err in ctx.broken.items()]
+    verdict = ctx.results["verdict"] = conclude(ctx.run, signing_key)
+    if code == EXIT_OK:
+        code = verdict.get("exit_code", EXIT_OK)
+    return EvalOutcome(code, messages, ctx)
+
+
 async def run_eval(
     config: Config,
     run: RunDir,
@@ -169,77 +253,24 @@ async def run_eval(
         if (check := PROBES[name].preflight) is not None:
             await asyncio.to_thread(check, config)
     async with AsyncExitStack() as stack:
-        clients = make_clients(config, transport)
-        for client in clients.values():
-            stack.push_async_callback(client.aclose)
-        for server in config.servers:
-            if server.model:
-                clients[server.name].model = server.model
-        with console.status("inventory: health, version, model, /metrics, first-prefill smoke"):
-            inventories = await take_inventories(
-                list(clients.values()),
-                roles={s.name: s.role for s in config.servers},
-                backends={s.name: s.attention_backend for s in config.servers},
-                smoke_fraction=config.smoke.prompt_fraction,
-                smoke_max_tokens=config.smoke.max_tokens,
-            )
+        clients = _open_clients(stack, config, transport)
+        inventories = await _inventory_phase(config, run, clients, console)
         invs = {inv.name: inv for inv in inventories}
-        for inv in inventories:
-            run.write_json(f"inventory/{inv.name}.json", inv.to_dict())
-            if inv.metrics_text is not None:
-                run.write_text(f"inventory/{inv.name}.metrics.txt", inv.metrics_text)
-            run.event("inventory", server=inv.name, status=inv.status, error=inv.error,
-                      kv_cache_tokens=inv.capacity.kv_cache_tokens if inv.capacity else None)
         ref = config.reference.name
         pin = check_pin(invs[ref], [invs[c.name] for c in config.candidates], config.knob)
         run.event("pin", **pin.to_dict())
         ctx = EvalContext(config, run, clients, invs, pin, console, deadline=deadline,
                           reporter=TerminalReporter(console, ref, config.bars))
 
-        cannot_run = cannot_run_lines(inventories)
-        if cannot_run:
-            return EvalOutcome(EXIT_CANNOT_RUN, cannot_run, ctx)
-
-        unknown = [p for p in probes if p not in PROBES]
-        if unknown:
-            return EvalOutcome(EXIT_CANNOT_RUN, [f"--probes: unknown probe(s) {', '.join(unknown)}: "
-                                                 f"choose from {', '.join(PROBES)}"], ctx)
+        cannot_start = _cannot_start(inventories, probes)
+        if cannot_start:
+            return EvalOutcome(EXIT_CANNOT_RUN, cannot_start, ctx)
         messages: list[str] = []
-        no_capacity = [inv for inv in inventories if inv.capacity is None]
-        if "capacity" in probes and no_capacity:
-            return EvalOutcome(EXIT_CANNOT_RUN, [
-                f"{inv.name}: KV capacity unknown: {'; '.join(inv.warnings) or 'no cache_config_info'}"
-                for inv in no_capacity], ctx)
         if invs[ref].serving:
-            skipped = fit_phase(ctx, probes)
-            runnable = [p for p in probes if p not in skipped]  # the budget plans no time for the rest
-            if advise:
-                say_sizing(ctx, runnable)
-            budget = _Budget(ctx, inventories, deadline, runnable) if deadline is not None else None
-            if budget is not None:
-                budget.plan(runnable)
-            for name in ordered(runnable):
-                if budget is None:
-                    ctx.results[name] = await PROBES[name].run(ctx)
-                elif not await budget.run(name, PROBES[name].run):
-                    continue
-                run.event("probe_done", probe=name)
+            await _probe_phase(ctx, inventories, probes, deadline, advise)
         else:
             messages.append(f"reference {invs[ref].error}: nothing can be compared")
-
-        code = EXIT_OK
-        broken = [inv for inv in inventories if not inv.serving]
-        if not pin.valid:
-            code = EXIT_INVALID
-            messages += [f"invalid comparison: {d.text}" for d in pin.all_differences()]
-        elif broken or ctx.broken:
-            code = EXIT_BROKEN
-        messages += [inv.error or f"{inv.name} is broken" for inv in broken]
-        messages += [f"{name} broke during the run: {err}" for name, err in ctx.broken.items()]
-        verdict = ctx.results["verdict"] = conclude(run, signing_key)
-        if code == EXIT_OK:
-            code = verdict.get("exit_code", EXIT_OK)
-        return EvalOutcome(code, messages, ctx)
+        return _outcome(ctx, inventories, messages, signing_key)
 
 
 class _Budget:
