@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 import orjson
@@ -16,6 +17,9 @@ from kvprobe.errors import (
     ConfigError,
     DiskError,
 )
+
+if TYPE_CHECKING:
+    from kvprobe.memmap import Lever, MemoryMap
 
 
 def _parse_bytes(text: str) -> int:
@@ -67,9 +71,6 @@ def memmap(config: Path, max_model_len: int | None, kv_dtypes: str, kv_memory: s
     """Where the KV bytes are, the most a KV dtype can free, and (for a hybrid) which knob moves capacity:
     KV dtype or Mamba SSM state dtype. Predicted from a config.json."""
     from kvprobe.memmap import Settings, build, lever
-    from kvprobe.report.bytes_chart import bytes_chart
-    from kvprobe.report.lever_chart import lever_chart as draw_lever
-    from kvprobe.report.memmap_table import dtype_table, lever_table, summary_table
 
     try:
         settings = Settings(
@@ -89,16 +90,31 @@ def memmap(config: Path, max_model_len: int | None, kv_dtypes: str, kv_memory: s
         click.echo(orjson.dumps({"platform": settings.platform, **mm.to_json(), "lever": lv.to_json()},
                                 option=orjson.OPT_INDENT_2).decode())
     else:
-        out_console.print(summary_table(mm))
-        for dtype in mm.plans:
-            out_console.print(dtype_table(mm, dtype))
-        if lv.ssm_dtypes:
-            out_console.print(lever_table(lv))
-        for note in mm.model.notes:
-            err_console.print(f"[yellow]note:[/yellow] {note}", highlight=False)
-        out_console.print(mm.conclusion(), highlight=False)
-        if lv.ssm_dtypes:
-            out_console.print(f"[bold]lever:[/bold] {lv.sentence()}", highlight=False)
+        _print_tables(mm, lv)
+    _write_charts(mm, lv, chart, lever_chart)
+
+
+def _print_tables(mm: MemoryMap, lv: Lever) -> None:
+    """The prediction as tables and sentences (notes on stderr)."""
+    from kvprobe.report.memmap_table import dtype_table, lever_table, summary_table
+
+    out_console.print(summary_table(mm))
+    for dtype in mm.plans:
+        out_console.print(dtype_table(mm, dtype))
+    if lv.ssm_dtypes:
+        out_console.print(lever_table(lv))
+    for note in mm.model.notes:
+        err_console.print(f"[yellow]note:[/yellow] {note}", highlight=False)
+    out_console.print(mm.conclusion(), highlight=False)
+    if lv.ssm_dtypes:
+        out_console.print(f"[bold]lever:[/bold] {lv.sentence()}", highlight=False)
+
+
+def _write_charts(mm: MemoryMap, lv: Lever, chart: Path | None, lever_chart: Path | None) -> None:
+    """The charts asked for by --chart and --lever-chart; a chart that cannot be written exits 2."""
+    from kvprobe.report.bytes_chart import bytes_chart
+    from kvprobe.report.lever_chart import lever_chart as draw_lever
+
     # Charts only where told: a command that prints a prediction does not litter the working directory.
     charts = []
     if chart is not None:
