@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kvprobe.errors import ConfigError, NotModelled
 from kvprobe.server.allocator import memmap_settings
 from kvprobe.server.inventory import Inventory
 from kvprobe.server.pin import PinCheck
@@ -34,7 +35,6 @@ def capacity_summary(reference: str, inventories: dict[str, Inventory], pin: Pin
 
 def _predict(config_path: str, inv: Inventory, ref: Inventory) -> Plan | None:
     """This server's own prediction; None where memmap has no byte model for one of its settings."""
-    from kvprobe.errors import ConfigError
     from kvprobe.memmap import build
     from kvprobe.memmap.dtypes import KV_DTYPES
 
@@ -60,7 +60,6 @@ def memory_map_summary(config_path: str, reference: str, inventories: dict[str, 
     A config memmap cannot read is bad input: the result carries `error` and the caller stops.
     A setting memmap has no byte model for is a limit, not an error: that server is left unpredicted.
     """
-    from kvprobe.errors import ConfigError, NotModelled
     from kvprobe.memmap import build, lever
     from kvprobe.memmap.dtypes import KV_DTYPES
 
@@ -122,8 +121,6 @@ def memory_map_summary(config_path: str, reference: str, inventories: dict[str, 
 async def run(ctx: EvalContext) -> dict[str, Any]:
     """capacity.json: what each server claims, and the memory map's prediction when servers.toml names
     the model's config.json. Asks no server anything: the inventory already holds it."""
-    from kvprobe.errors import ConfigError
-
     summary = capacity_summary(ctx.reference, ctx.inventories, ctx.pin)
     memmap: dict[str, Any] = {}
     if ctx.config.model_config_path:

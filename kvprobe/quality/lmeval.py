@@ -30,7 +30,7 @@ from typing import Any
 
 from kvprobe import settings
 from kvprobe.corpus import TASKS_DIR
-from kvprobe.errors import Unreadable
+from kvprobe.errors import ConfigError, Unreadable
 from kvprobe.server.untrusted import LOGPROB_MAX, logprob, number
 
 # Before lm-eval pulls in datasets / huggingface_hub / transformers / tqdm, which read these once.
@@ -94,8 +94,6 @@ def choose_tokenizer(server: str, has_tokenizer_info: bool, path: str | None, ro
     files the server loaded, when they are on this disk and the server's /tokenize can vouch for them
     (`check_match`). lm-eval's "remote" backend cannot run on /tokenize alone (it refuses a server
     without /tokenizer_info, and takes the prefix token from it), so there is no fourth choice."""
-    from kvprobe.errors import ConfigError
-
     if has_tokenizer_info:
         return Tokenizer("remote")
     if path:
@@ -118,8 +116,6 @@ def check_match(server: str, tokenizer: Tokenizer, local: list[int], remote: lis
     """A local tokenizer must give the server's own ids (`CHECK_TEXT` through lm-eval here and through
     the server's /tokenize): with another one lm-eval would send ids the model reads as other text,
     and the perplexity would be wrong without any error."""
-    from kvprobe.errors import ConfigError
-
     if local == remote:
         return
     pairs = enumerate(zip(local, remote, strict=False))
@@ -200,8 +196,6 @@ def _task_manager(tasks_dir: Path) -> Any:
 
 def task_passages(task: str, limit: int | None = None, tasks_dir: Path = TASKS_DIR) -> list[Passage]:
     """The documents lm-eval will score, in lm-eval's order (its `limit` takes the first N)."""
-    from kvprobe.errors import ConfigError
-
     prepare()
     manager = _task_manager(tasks_dir)
     try:

@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from kvprobe.disk import json_digest
-from kvprobe.errors import one_line
+from kvprobe.errors import ConfigError, Unreadable, one_line
 from kvprobe.quality import lmeval  # also puts every Hugging Face library offline
 from kvprobe.server.untrusted import number
 
@@ -73,8 +73,6 @@ def load_task(task: str, tasks_dir: Path, registry: bool, metric: str | None, li
     """Cached: eval checks each task before any server is asked (preflight), then the probe uses it.
     The task's output type and the metric the bar is on (its first, unless servers.toml names one);
     ConfigError when the task is unknown, has no documents, or is of a kind kvprobe cannot pair."""
-    from kvprobe.errors import ConfigError
-
     lmeval.prepare()
     where = f"tasks: {task!r}"
     try:
@@ -138,8 +136,6 @@ def _chat_class() -> type:
             return payload
 
         def parse_generations(self, outputs: Any, **kwargs: Any) -> list[str]:
-            from kvprobe.errors import Unreadable
-
             outs = outputs if isinstance(outputs, list) else [outputs]
             texts: list[str] = []
             for out in outs:

@@ -26,6 +26,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from kvprobe.errors import ConfigError
 from kvprobe.server.metrics import (
     GENERATION_TOKENS,
     PREEMPTIONS,
@@ -224,7 +225,6 @@ def two_x_format(inv: Inventory, config: str | Path | None = None) -> TwoX:
     """The memory map's prediction for a KV format half as wide as the server's, from the model's
     config.json: `config`, else the /v1/models root's when that folder is on this disk. Reads the disk,
     so it is kept apart from the pure diagnosis."""
-    from kvprobe.errors import ConfigError
     from kvprobe.memmap import build, load_config, model_shape
     from kvprobe.memmap.dtypes import KV_DTYPES, kv_element_bytes
     from kvprobe.server.allocator import memmap_settings
