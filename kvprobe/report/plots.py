@@ -7,7 +7,6 @@ long-running process. Each function returns None when its data is absent, and th
 
 from __future__ import annotations
 
-import importlib
 import io
 from collections import defaultdict
 from pathlib import Path
@@ -30,9 +29,6 @@ SERIES = ["#1f77b4", "#8c564b", "#17becf", "#e377c2", "#bcbd22", "#7f7f7f", "#94
 # Per-request latencies in seconds, as the load probe records them (events of kind load_request,
 # fields ttft/e2e; the *_s spellings are accepted too).
 LATENCY_FIELDS = {"ttft": "time to first token", "e2e": "end-to-end latency"}
-_ALIASES = {"ttft": ("ttft", "ttft_s"), "e2e": ("e2e", "e2e_s")}
-
-
 def _figure(width: float, height: float) -> Figure:
     fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
@@ -174,16 +170,13 @@ def load_chart(v: dict[str, Any]) -> bytes | None:
 
 
 def _latency(record: dict[str, Any], field: str) -> float | None:
-    for key in _ALIASES[field]:
-        value = record.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-    return None
+    value = record.get(field)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def request_latencies(run: RunDir | None) -> dict[str, dict[str, list[float]]]:
     """Per server, per latency field, every successful request's value, from the load probe's
-    per-request events (or per-request lists in load.json when the log has none)."""
+    per-request events (load.json keeps percentiles only)."""
     out: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     if run is None:
         return {}
@@ -196,13 +189,6 @@ def request_latencies(run: RunDir | None) -> dict[str, dict[str, list[float]]]:
         for field in LATENCY_FIELDS:
             if (value := _latency(event, field)) is not None:
                 out[server][field].append(value)
-    if not out and run.has("load.json"):
-        data = orjson.loads((run.path / "load.json").read_bytes())
-        for server, row in (data.get("servers") or {}).items():
-            for case in row.get("cases") or []:
-                for field in LATENCY_FIELDS:
-                    values = next((case[k] for k in _ALIASES[field] if isinstance(case.get(k), list)), [])
-                    out[server][field] += [float(x) for x in values if isinstance(x, int | float)]
     return {s: {k: sorted(vals) for k, vals in d.items() if vals} for s, d in out.items() if any(d.values())}
 
 
@@ -242,12 +228,10 @@ def needle_heatmaps(v: dict[str, Any], run: RunDir | None, out_dir: Path) -> lis
         return found
     cases = [c for c in data.get("cases") or []
              if isinstance(c, dict) and {"server", "status", "target_length", "target_depth"} <= set(c)]
-    try:
-        heatmap = importlib.import_module("kvprobe.report.heatmap")
-    except ModuleNotFoundError:
-        return "no heatmap files from the needle probe and no heatmap module (kvprobe.report.heatmap)"
     if not cases:
         return "needle.json has no cases with target_length and target_depth"
+    from kvprobe.report import heatmap
+
     out: list[tuple[str, Path]] = []
     servers = [n for n in v["order"] if any(c["server"] == n for c in cases)]
     for name in servers:
