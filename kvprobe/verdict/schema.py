@@ -21,6 +21,8 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from kvprobe.probes import ORDER
+
 SCHEMA_FILE = Path(__file__).resolve().parents[2] / "schemas" / "verdict.schema.json"
 REGENERATE = ".venv/bin/python -m kvprobe.verdict.schema"
 SchemaVersion = Literal["kvprobe.verdict/1", "kvprobe.verdict/2", "kvprobe.verdict/3"]
@@ -62,7 +64,7 @@ class _Open(BaseModel):
 
 Outcome = Literal["pass", "fail", "inconclusive", "not_measured"]
 DecisionKind = Literal["invalid", "broken", "reject", "no_gain", "inconclusive", "adopt"]
-Probe = Literal["capacity", "perplexity", "agreement", "needle", "tasks", "load", "fill"]
+Probe = Literal[ORDER]  # type: ignore[valid-type]  # kvprobe.probes: the one list
 Scalar = str | int | float | bool | None
 # [lo, hi]; an end that is not finite is written as null
 Interval = Annotated[list[float | None], Field(min_length=2, max_length=2)]
