@@ -16,6 +16,7 @@ import contextlib
 import secrets
 import time
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -396,6 +397,57 @@ def _stop(ctx: EvalContext, digest: str, name: str, why: str, blocks: int) -> No
     ctx.run.event("load_stop", digest=digest, server=name, why=why, blocks=blocks)
 
 
+def _blocks_deadline(ctx: EvalContext) -> float | None:
+    """When no further block starts: the canary's deadline less the verdict's reserve, or [load] budget_s
+    from now, whichever comes first."""
+    budget_s = ctx.config.load.budget_s
+    return min((d for d in (ctx.deadline - RESERVE_S if ctx.deadline else None,
+                            time.monotonic() + budget_s if budget_s else None) if d),
+               default=None)
+
+
+def _open_candidates(ctx: EvalContext, digest: str, servers: list[str], stopped: set[str]) -> list[str]:
+    """The candidates that need another block: not stopped, not broken, not settled on the blocks so far."""
+    standing = _standing(ctx, digest, servers)
+    open_ = []
+    for cand in (s for s in servers if s != ctx.reference and s not in stopped):
+        if cand not in ctx.active():
+            continue  # broken: the verdict says so
+        if not _is_settled(standing.get(cand, [])):
+            open_.append(cand)
+    return open_
+
+
+def _stop_reason(block: int, n_max: int, spare: int, deadline: float | None, block_s: float) -> str | None:
+    """Why no further block starts (the design's blocks are run, or one more would overrun the deadline)."""
+    if block >= n_max + spare:
+        return (f"{block} blocks run, {spare} beyond the design's {n_max} to replace client-limited ones"
+                if spare else f"the design's {n_max} blocks run")
+    if deadline is not None and time.monotonic() + block_s > deadline:
+        return f"the load budget was spent after {block} blocks"
+    return None
+
+
+def _say_look(ctx: EvalContext, digest: str, servers: list[str], open_: list[str], progress: Progress) -> None:
+    """At a planned look, where each open candidate's endpoints stand."""
+    for cand, checks in _standing(ctx, digest, servers).items():
+        if cand in open_:
+            for check in _endpoints(checks):
+                progress.console.print(f"  {cand} {check['text']}", highlight=False, soft_wrap=True)
+
+
+async def _warm_up_first(ctx: EvalContext, order: list[str], block: int, shapes: list[Shape],
+                         finished: set[tuple[str, str, int, int]], warmed: set[str],
+                         warm: Callable[[str, Shape], Awaitable[None]]) -> None:
+    """The first time a server comes up in `order`, a warm-up on every shape through `warm`, unless all of
+    its units in this block are recorded already; either way it is not warmed again."""
+    for name in (n for n in order if n not in warmed and n in ctx.active()):
+        if any((name, sh.name, a, block) not in finished for sh, a in _cases(shapes)):
+            for shape in shapes:
+                await warm(name, shape)
+        warmed.add(name)
+
+
 async def _run_blocks(ctx: EvalContext, shapes: list[Shape], digest: str, run_nonce: str, source: TextSource,
                       notes: dict[str, str], servers: list[str], workers: Workers | None) -> None:
     """Blocks until every candidate's endpoint is settled: each block runs every case on the reference and
@@ -408,9 +460,7 @@ async def _run_blocks(ctx: EvalContext, shapes: list[Shape], digest: str, run_no
     # Client-limited blocks are re-run, at most this many beyond n_max; a fixed design ([load] repeats) runs
     # exactly its blocks, as declared.
     spare = 0 if settings.repeats is not None else max(2, design.n_max // 4)
-    deadline = min((d for d in (ctx.deadline - RESERVE_S if ctx.deadline else None,
-                                time.monotonic() + settings.budget_s if settings.budget_s else None) if d),
-                   default=None)
+    deadline = _blocks_deadline(ctx)
     finished = {(e["server"], e["shape"], e["agents"], e["repeat"])
                 for e in ctx.run.events("load_case", digest=digest)}
     stopped = {e["server"] for e in ctx.run.events("load_stop", digest=digest)}
@@ -421,21 +471,10 @@ async def _run_blocks(ctx: EvalContext, shapes: list[Shape], digest: str, run_no
         tasks = {name: progress.add_task(name, total=design.n_max * len(cases)) for name in servers}
         warmed: set[str] = set()
         while ref in ctx.active():
-            standing = _standing(ctx, digest, servers)
-            open_ = []
-            for cand in (s for s in servers if s != ref and s not in stopped):
-                if cand not in ctx.active():
-                    continue  # broken: the verdict says so
-                if not _is_settled(standing.get(cand, [])):
-                    open_.append(cand)
+            open_ = _open_candidates(ctx, digest, servers, stopped)
             if not open_ and (not alone or block >= design.looks[0]):
                 break  # the reference alone (nothing to compare) runs the design's first look's blocks
-            why = None
-            if block >= design.n_max + spare:
-                why = (f"{block} blocks run, {spare} beyond the design's {design.n_max} to replace client-limited ones"
-                       if spare else f"the design's {design.n_max} blocks run")
-            elif deadline is not None and time.monotonic() + block_s > deadline:
-                why = f"the load budget was spent after {block} blocks"
+            why = _stop_reason(block, design.n_max, spare, deadline, block_s)
             if why:
                 for cand in open_:
                     _stop(ctx, digest, cand, why, block)
@@ -444,12 +483,8 @@ async def _run_blocks(ctx: EvalContext, shapes: list[Shape], digest: str, run_no
             t0 = time.monotonic()
             order = _order([ref, *open_], block)
             if settings.warmup:
-                for name in (n for n in order if n not in warmed and n in ctx.active()):
-                    if any((name, sh.name, a, block) not in finished for sh, a in cases):
-                        for shape in shapes:
-                            await _warm_up(ctx, name, shape, digest, run_nonce, source, progress, tasks[name],
-                                           workers)
-                    warmed.add(name)
+                await _warm_up_first(ctx, order, block, shapes, finished, warmed, lambda name, shape: _warm_up(
+                    ctx, name, shape, digest, run_nonce, source, progress, tasks[name], workers))
             for shape, agents in _rotated(cases, block):
                 for name in order:
                     if name not in ctx.active():
@@ -462,7 +497,4 @@ async def _run_blocks(ctx: EvalContext, shapes: list[Shape], digest: str, run_no
             block_s = time.monotonic() - t0
             block += 1
             if block in design.looks:
-                for cand, checks in _standing(ctx, digest, servers).items():
-                    if cand in open_:
-                        for check in _endpoints(checks):
-                            progress.console.print(f"  {cand} {check['text']}", highlight=False, soft_wrap=True)
+                _say_look(ctx, digest, servers, open_, progress)
