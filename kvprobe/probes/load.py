@@ -439,13 +439,14 @@ def _say_look(ctx: EvalContext, digest: str, servers: list[str], open_: list[str
 async def _warm_up_first(ctx: EvalContext, order: list[str], block: int, shapes: list[Shape],
                          finished: set[tuple[str, str, int, int]], warmed: set[str],
                          warm: Callable[[str, Shape], Awaitable[None]]) -> None:
-    """The first time a server comes up in `order`, a warm-up on every shape through `warm`, unless all of
-    its units in this block are recorded already; either way it is not warmed again."""
+    """Before a server's first unit measured in this session, a warm-up on every shape through `warm`. A
+    block whose units are all recorded already (a resumed run) measures nothing, so it neither warms the
+    server nor counts as its warm-up: the first block with work left does."""
     for name in (n for n in order if n not in warmed and n in ctx.active()):
         if any((name, sh.name, a, block) not in finished for sh, a in _cases(shapes)):
             for shape in shapes:
                 await warm(name, shape)
-        warmed.add(name)
+            warmed.add(name)
 
 
 async def _run_blocks(ctx: EvalContext, shapes: list[Shape], digest: str, run_nonce: str, source: TextSource,

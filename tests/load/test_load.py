@@ -359,3 +359,25 @@ async def test_budgets_and_open_loop_poisson_arrivals(tmp_path: Path) -> None:
     assert all(d - 0.002 <= t < d + 0.5 for t, d in zip(starts["auto"], due, strict=True))
     data = json.loads((run.path / "load.json").read_text())
     assert data["servers"]["fp8"]["cases"][0]["mode"] == "open" and data["servers"]["fp8"]["cases"][0]["rate"] == 40.0
+
+
+async def test_a_resumed_run_warms_a_server_before_its_first_block_with_work_left() -> None:
+    """A block whose units are all recorded measures nothing: it must not count as the server's warm-up,
+    or the first block measured after a resume runs on a cold server."""
+    from types import SimpleNamespace
+
+    from kvprobe.load.workload import Shape
+    from kvprobe.probes.load import _warm_up_first
+
+    shape = Shape("default", (1, 2), turns=2, system_tokens=10, tokens_per_turn=10, max_output_tokens=4)
+    block0 = {(name, "default", agents, 0) for name in ("ref", "cand") for agents in (1, 2)}
+    ctx = SimpleNamespace(active=lambda: ["ref", "cand"])
+    warmed: set[str] = set()
+    calls: list[tuple[str, int]] = []
+
+    async def warm(name: str, sh: Shape) -> None:
+        calls.append((name, block))
+
+    for block in (0, 1):
+        await _warm_up_first(ctx, ["ref", "cand"], block, [shape], block0, warmed, warm)
+    assert calls == [("ref", 1), ("cand", 1)] and warmed == {"ref", "cand"}
