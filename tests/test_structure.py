@@ -12,6 +12,7 @@ modules (httpx's pattern) without that reading as a cycle.
 from __future__ import annotations
 
 import ast
+import inspect
 from pathlib import Path
 
 import pytest
@@ -188,6 +189,17 @@ def test_one_list_of_probes() -> None:
         assert callable(probe.run)
     assert default_probes() == ["capacity", "perplexity", "agreement", "needle", "load"]
     assert "fill" in help_text() and "tasks" in help_text()
+
+
+@pytest.mark.parametrize("name", list(PROBES))
+def test_every_probe_module_fills_the_seam(name: str) -> None:
+    module = PROBES[name].module()
+    assert inspect.iscoroutinefunction(module.run), f"{name}.run must be async"
+    assert list(inspect.signature(module.run).parameters) == ["ctx"], f"{name}.run takes the EvalContext only"
+    for hook in ("preflight", "cannot_run"):
+        if (fn := getattr(module, hook, None)) is not None:
+            assert not inspect.iscoroutinefunction(fn), f"{name}.{hook} runs before any request: no await"
+            assert len(inspect.signature(fn).parameters) == 1, f"{name}.{hook} takes one argument"
 
 
 @pytest.mark.parametrize("name", ["Client", "RunDir", "PROBES", "write_verdict", "run_eval"])

@@ -55,7 +55,7 @@ class MemoryMap:
         return None if floor == 0 else p.total_bytes_per_sequence / floor
 
     def to_json(self) -> dict[str, Any]:
-        """`kvprobe memmap --json`: exactly the shape issue 7 specifies."""
+        """`kvprobe memmap --json`: a stable shape scripts read (tests/memmap hold it)."""
         return {"dtypes": {
             d: {
                 "kv_cache_tokens": p.kv_cache_tokens,

@@ -21,13 +21,20 @@ import importlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 if TYPE_CHECKING:
     from kvprobe.config import Config
     from kvprobe.run.context import EvalContext
 
 Axis = Literal["capacity", "quality", "speed", "serving"]
+
+
+class ProbeModule(Protocol):
+    """The seam a probe module fills. `preflight(config)` and `cannot_run(view)` are optional hooks, so a
+    Protocol cannot name them; tests/test_structure.py holds every module to their one-argument shape."""
+
+    async def run(self, ctx: EvalContext) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -50,7 +57,7 @@ class Probe:
 
     @property
     def run(self) -> Callable[[EvalContext], Awaitable[dict[str, Any]]]:
-        return self.module().run
+        return cast(ProbeModule, self.module()).run
 
     @property
     def preflight(self) -> Callable[[Config], Any] | None:

@@ -27,7 +27,7 @@ from kvprobe.server.untrusted import optional_count
 
 EVENT = "needle_case"
 CASES_FILE = "needle/cases.json"
-# needle.json lists these per case (the schema first, then what a reader needs to judge it).
+# needle.json lists these per case (the identifying fields first, then what a reader needs to judge it).
 CASE_FIELDS = ("id", "length_tokens", "depth_tokens", "server", "status", "found_in",
                "target_length", "target_depth", "template", "value", "approximate", "finish_reason",
                "completion_tokens", "error")

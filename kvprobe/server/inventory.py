@@ -112,7 +112,7 @@ def smoke_length(max_model_len: int, fraction: float, max_tokens: int, block_siz
     """Tokens in the smoke prompt: `fraction` of max_model_len, but past one attention block when the
     server's block is known and the context has room. A prompt inside one block never reaches what runs
     at block boundaries: a vLLM 0.32 CPU hybrid with prefix caching serves 256 tokens and dies at 268
-    (the Mamba state checkpoint per block, issue 13)."""
+    (the Mamba state checkpoint per block)."""
     target = max(16, int(max_model_len * fraction))
     if block_size and target <= block_size:
         target = max(target, min(block_size + 16, max_model_len - max_tokens))

@@ -6,7 +6,7 @@ reader does several Python calls per chunked-encoding frame (vLLM sends one fram
 at a few hundred streams either client used more CPU than the server it measured
 (benchmarks/client_overhead.py). Here a read costs one Python call: parse, hand over, done.
 
-Arrival times (issue 16, chosen by measurement, benchmarks/client_overhead.py, AVX-512 box, client
+Arrival times (chosen by measurement, benchmarks/client_overhead.py, AVX-512 box, client
 and mock server each pinned to a core, error vs what the server sent, p99):
 - the loop's time in the read callback: 256 streams TTFT 1.0-2.3 ms, ITL 2.1-2.7 ms; 1000 streams
   TTFT 1.6-3.6 ms, ITL 7.5-8.5 ms. When many streams' chunks land at once the loop reads them one

@@ -1,4 +1,4 @@
-"""`kvprobe demo --hybrid`: the seed's third trap and its lever, end to end on needle-hybrid.
+"""`kvprobe demo --hybrid`: the third trap (more KV bytes can free nothing) and its lever, end to end on needle-hybrid.
 
 Each comparison of kvprobe.testbed.hybrid is its own servers.toml (its own knob and reference) and
 its own run directory: fp8 KV frees nothing (AVX-512 only), a 16-bit Mamba SSM state is the lever but

@@ -1,6 +1,6 @@
 """The hybrid testbed: needle-hybrid (NemotronH, 8 Mamba2 + 2 attention) on vLLM 0.32 CPU, max_model_len 512.
 
-Three comparisons show the seed's third trap and its one lever (issue 13, measured at 1 GiB):
+Three comparisons show the third trap (more KV bytes can free nothing) and its one lever (measured at 1 GiB):
 - `kv`: fp8 KV next to auto frees nothing (80,659 tokens both), AVX-512 only;
 - `ssm_default`: a float16 SSM state with vLLM's defaults (prefix caching on) gives 149,796 tokens
   (1.86x) and the engine dies at the first prompt that spans two 256-token attention blocks;
