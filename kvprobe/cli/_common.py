@@ -7,7 +7,7 @@ import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 from rich.console import Console
@@ -75,7 +75,7 @@ def set_ci(outputs: CiOutputs | None) -> None:
     _ci = outputs
 
 
-def _fail(lines: list[str], code: int = EXIT_CANNOT_RUN) -> None:
+def _fail(lines: list[str], code: int = EXIT_CANNOT_RUN) -> NoReturn:
     global _ci
     for line in lines:
         err_console.print(f"[bold red]error:[/bold red] {escape(line)}", highlight=False, soft_wrap=True)

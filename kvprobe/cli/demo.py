@@ -39,8 +39,13 @@ def demo(out: Path | None, probes: str | None, stop: bool, key: Path | None, hyb
     auto and bfloat16 KV on float32 weights, and fp8, which the engine refuses to start there."""
     from kvprobe.testbed import LaunchError, stop_all
     from kvprobe.testbed.demo import CAPACITY_ONLY_TOKENS, start_demo, write_servers_toml
+    from kvprobe.testbed.launcher import require_checkout
 
     set_view(verbose, quiet)
+    try:
+        require_checkout()
+    except LaunchError as exc:
+        _fail([str(exc)])
     if hybrid:
         _demo_hybrid(out, probes, key)
         return

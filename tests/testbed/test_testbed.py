@@ -103,3 +103,20 @@ def test_facts_table_is_consistent() -> None:
     for isa, dtype, kv, tokens, _ in FACTS:
         assert isa in ("both", "avx512", "avx2") and dtype in ("bfloat16", "float32")
         assert tokens is None or tokens % 1024 == 0, kv
+
+
+def test_demo_from_an_install_without_the_models_says_it_needs_a_checkout(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from kvprobe.cli import main
+    from kvprobe.testbed import launcher
+
+    launcher.require_checkout()  # this checkout has both models
+    with pytest.raises(launcher.LaunchError, match="needs a source checkout"):
+        launcher.require_checkout(tmp_path)
+    monkeypatch.setattr(launcher, "PROJECT_ROOT", tmp_path)
+    result = CliRunner().invoke(main, ["demo"])
+    assert result.exit_code == 2  # EXIT_CANNOT_RUN
+    assert "needs a source checkout (demo/models/needle-llama" in result.output
+    assert "starting the demo servers" not in result.output
