@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import ast
 import inspect
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -206,3 +208,11 @@ def test_every_probe_module_fills_the_seam(name: str) -> None:
 def test_the_public_api_resolves_lazily(name: str) -> None:
     assert getattr(kvprobe, name) is not None
     assert name in kvprobe.__all__
+
+
+def test_verify_and_the_rules_load_without_the_http_stack_or_lm_eval() -> None:
+    # An auditor re-deriving a verdict needs neither a server nor lm-eval: verify must not pull them in.
+    code = ("import sys, kvprobe.verdict.verify; "
+            "print(sorted(m for m in ('httpx', 'lm_eval', 'matplotlib', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

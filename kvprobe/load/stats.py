@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from kvprobe.config import Slo
 from kvprobe.errors import Unreadable
 from kvprobe.load import spec_decode
-from kvprobe.server.client import Generation
 from kvprobe.server.untrusted import optional_count
 from kvprobe.stats import percentiles
+
+if TYPE_CHECKING:  # a type only: verify reads these rules without the HTTP stack
+    from kvprobe.server.client import Generation
 
 Status = Literal["ok", "incomplete", "error"]
 
