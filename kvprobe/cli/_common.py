@@ -66,21 +66,25 @@ def run_console() -> Console:
     return Console(stderr=True, quiet=True) if view == "quiet" else err_console
 
 
-# The CI files (--junit, --summary) of the command running, so a run that fails early still writes them.
-_ci: CiOutputs | None = None
+# The CI files (--junit, --summary) of the command running live on its click context, so a run that
+# fails early still writes them and nothing outlives the invocation (CliRunner runs many in one process).
+_CI_KEY = "kvprobe.ci_outputs"
 
 
 def set_ci(outputs: CiOutputs | None) -> None:
-    global _ci
-    _ci = outputs
+    click.get_current_context().meta[_CI_KEY] = outputs
+
+
+def _take_ci() -> CiOutputs | None:
+    """The command's CI outputs, once: a failure to write them must not loop back here."""
+    ctx = click.get_current_context(silent=True)
+    return None if ctx is None else ctx.meta.pop(_CI_KEY, None)
 
 
 def _fail(lines: list[str], code: int = EXIT_CANNOT_RUN) -> NoReturn:
-    global _ci
     for line in lines:
         err_console.print(f"[bold red]error:[/bold red] {escape(line)}", highlight=False, soft_wrap=True)
-    if _ci is not None:
-        ci, _ci = _ci, None  # once: a failure to write them must not loop back here
+    if (ci := _take_ci()) is not None:
         try:
             ci.write(None, None, exit_code=code, notes=lines)
         except KvprobeError as exc:
@@ -89,12 +93,10 @@ def _fail(lines: list[str], code: int = EXIT_CANNOT_RUN) -> NoReturn:
 
 
 def _write_ci(run: RunDir, verdict: dict | None, code: int, notes: list[str] | None = None) -> None:
-    global _ci
-    if _ci is None:
+    if (ci := _take_ci()) is None:
         return
     from kvprobe.report.write import signature_info
 
-    ci, _ci = _ci, None
     try:
         for path in ci.write(verdict, run.path, signature_info(run), code, notes):
             err_console.print(f"wrote {path}", highlight=False, soft_wrap=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -124,3 +125,18 @@ def test_server_text_that_looks_like_markup_is_printed_as_text(garbled: Replay) 
     assert result.exit_code == 4, result.output
     assert "0.32[/x]" in result.stdout
     assert "engine died [/bold] in [red]prefill" in result.stderr
+
+
+def test_an_eval_that_cannot_start_still_writes_its_junit_once_and_nothing_leaks_to_the_next_command(
+        tmp_path: Path) -> None:
+    broken = tmp_path / "servers.toml"
+    broken.write_text("[[servers]\n")  # a TOML syntax error: eval stops before any server is asked
+    junit = tmp_path / "junit.xml"
+    first = CliRunner().invoke(cli.main, ["eval", "--servers", str(broken), "--junit", str(junit)])
+    assert first.exit_code == 2
+    assert "servers.toml" in junit.read_text() and "failure" in junit.read_text()
+    junit.unlink()
+    # The same process, a command without --junit: the earlier command's CI outputs are gone with it.
+    second = CliRunner().invoke(cli.main, ["eval", "--servers", str(broken)])
+    assert second.exit_code == 2
+    assert not junit.exists()
