@@ -186,7 +186,7 @@ def _run(config, run: RunDir, probe_list: list[str], key: Path | None, resume: b
     try:
         outcome = run_eval_sync(config, run, probe_list, run_console(), signing_key=signing_key, resume=resume,
                                 left_out=left_out, deadline=deadline, advise=servers_file is not None)
-        verdict = outcome.ctx.results.get("verdict")
+        verdict = outcome.verdict
         if verdict is not None:
             _report(run, verdict)
     except KeyboardInterrupt:
@@ -217,7 +217,7 @@ def _evaluate(config_path: Path, out: Path | None, probes: str | None, resume: P
         outcome = _run(config, run, probe_list, key, resume is not None, left_out, config_path)
     except ConfigError as exc:
         _fail(exc.problems)
-    _write_ci(run, outcome.ctx.results.get("verdict"), outcome.exit_code, outcome.messages)
+    _write_ci(run, outcome.verdict, outcome.exit_code, outcome.messages)
     err_console.print(f"results in [bold]{run.path}[/bold]")
     sys.exit(outcome.exit_code)
 

@@ -83,7 +83,7 @@ def canary_cmd(servers_file: Path, baseline: Path | None, allowed_signers: Path 
     except ConfigError as exc:
         _fail(exc.problems)
     code = outcome.exit_code
-    verdict = outcome.ctx.results.get("verdict")
+    verdict = outcome.verdict
     if base is not None and verdict is not None:
         drift = compare_with_baseline(base.verdict, verdict, str(base.path))
         run.write_json("canary.json", drift)

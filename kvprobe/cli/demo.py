@@ -98,7 +98,7 @@ def _demo_hybrid(out: Path | None, probes: str | None, key: Path | None) -> None
             outcome = _run(config, run, probe_list, key, False, None, path)
         except ConfigError as exc:
             _fail(exc.problems)
-        verdict = outcome.ctx.results.get("verdict") or {}
+        verdict = outcome.verdict or {}
         decided = ", ".join(f"{n} {d['decision']}" for n, d in (verdict.get("decisions") or {}).items())
         results.append((c.key, decided, outcome.exit_code))
         stop_unneeded(c, chosen[i + 1] if i + 1 < len(chosen) else None)

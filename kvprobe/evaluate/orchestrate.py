@@ -106,6 +106,11 @@ class EvalOutcome:
     messages: list[str]
     ctx: EvalContext
 
+    @property
+    def verdict(self) -> dict[str, Any] | None:
+        """The signed verdict as written, or None when the run stopped before one."""
+        return self.ctx.results.get("verdict")
+
 
 def check_resume(config: Config, run: RunDir) -> dict[str, Any]:
     """A resumed run keeps the config it started with: bars and settings are fixed before any number
