@@ -17,7 +17,7 @@ import yaml
 from junitparser import Failure, JUnitXml
 from scenarios import trio
 
-pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(120_000)]  # logged in conftest
+pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(150_000)]  # logged in conftest; 129,963 on EPYC family 26 (2026-12-04)
 
 STEP = Path(__file__).parents[2] / "examples" / "ci" / "github-actions.yml"
 BUDGET_S = 90  # the step's own 5m would hold the suite; a short budget is the harder case for the 10%
