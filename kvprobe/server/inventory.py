@@ -163,6 +163,11 @@ async def smoke_test(client: Client, max_model_len: int, fraction: float, max_to
                  system_fingerprint=fingerprint if isinstance(fingerprint, str) else None)
 
 
+# What a server problem during the inventory makes of the server: the first class that matches.
+_STATUS_OF: tuple[tuple[type[ServerError], str], ...] = (
+    (AuthError, "unauthorized"), (Unreachable, "unreachable"), (Unreadable, "unreadable"), (ServerError, "broken"))
+
+
 async def take_inventory(
     client: Client,
     *,
@@ -174,66 +179,79 @@ async def take_inventory(
     """Everything kvprobe learns about one server before measuring it; never raises for a server
     problem: the problem is in .status and .error."""
     inv = Inventory(name=client.name, url=client.url, role=role)
-    sent_len = False
     try:
         inv.healthy = await client.health()
         inv.version = await client.version()
-        models = await client.models()
-        if not models:
-            raise ServerError(client.name, "/v1/models lists no model", path="/v1/models")
-        first = next((m for m in models if m.get("id") == client.model), models[0])
-        root = first.get("root")
-        inv.model, inv.model_root = first["id"], root if isinstance(root, str) else None
-        sent_len = first.get("max_model_len") is not None
-        if sent_len:
-            try:
-                inv.max_model_len = number(first["max_model_len"], "/v1/models max_model_len", integer=True,
-                                           minimum=1, maximum=MAX_MODEL_LEN)
-            except Unreadable as exc:
-                inv.cannot_read(str(exc))
+        sent_len = await _read_models(client, inv)
         await _read_metrics(client, inv)
-        if (info := await client.server_info()) is not None:
-            inv.server_info = engine_facts(info)
-            inv.platform = platform_from_system_env(info.get("system_env"))
-            if (mismatch := arch_mismatch(inv.platform)) is not None:
-                inv.warnings.append(f"{mismatch}: the vLLM build carries no kernels for this GPU's architecture "
-                                    "(compiled-for is not run-on); expect it to fail at the first real prefill")
-            forced = inv.server_info.get("vllm_config.attention_config.backend")
-            if isinstance(forced, str) and forced:
-                inv.attention_backend, inv.attention_backend_source = forced[:80], "server_info"
-        try:
-            await client.tokenize(prompt="kvprobe")
-            inv.has_tokenize = True
-        except ServerError as exc:
-            if exc.status not in (404, 405, 501):
-                raise
-            inv.warnings.append("no /tokenize endpoint: token counts are estimates")
-    except AuthError as exc:
-        inv.status, inv.error = "unauthorized", str(exc)
-        return inv
-    except Unreachable as exc:
-        inv.status, inv.error = "unreachable", str(exc)
-        return inv
-    except Unreadable as exc:
-        inv.status, inv.error = "unreadable", str(exc)
-        return inv
+        await _read_server_info(client, inv)
+        inv.has_tokenize = await _has_tokenize(client, inv)
     except ServerError as exc:
-        inv.status, inv.error = "broken", str(exc)
+        inv.status = next(status for kind, status in _STATUS_OF if isinstance(exc, kind))
+        inv.error = str(exc)
         return inv
     if run_smoke:
         if not sent_len:  # an unreadable one already has its line
             inv.warnings.append("max_model_len unknown: smoke prompt of 2048 tokens")
-        unreadable: list[str] = []
-        block = attention_block(inv)
-        inv.smoke = await smoke_test(client, inv.max_model_len or 4096, smoke_fraction, smoke_max_tokens,
-                                     inv.has_tokenize, unreadable, block)
-        inv.smoke.attention_block = block
-        for line in unreadable:
-            inv.cannot_read(line)
-        if not inv.smoke.ok:
-            inv.status = "broken"
-            inv.error = f"{client.name}: first-prefill smoke ({inv.smoke.what()}) failed: {inv.smoke.error}"
+        await _first_prefill(client, inv, smoke_fraction, smoke_max_tokens)
     return inv
+
+
+async def _read_models(client: Client, inv: Inventory) -> bool:
+    """The served model, its root and max_model_len from /v1/models; whether the server sent a length."""
+    models = await client.models()
+    if not models:
+        raise ServerError(client.name, "/v1/models lists no model", path="/v1/models")
+    first = next((m for m in models if m.get("id") == client.model), models[0])
+    root = first.get("root")
+    inv.model, inv.model_root = first["id"], root if isinstance(root, str) else None
+    if first.get("max_model_len") is None:
+        return False
+    try:
+        inv.max_model_len = number(first["max_model_len"], "/v1/models max_model_len", integer=True,
+                                   minimum=1, maximum=MAX_MODEL_LEN)
+    except Unreadable as exc:
+        inv.cannot_read(str(exc))
+    return True
+
+
+async def _read_server_info(client: Client, inv: Inventory) -> None:
+    """Engine facts, the platform (compiled-for vs run-on) and a forced attention backend from /server_info."""
+    if (info := await client.server_info()) is None:
+        return
+    inv.server_info = engine_facts(info)
+    inv.platform = platform_from_system_env(info.get("system_env"))
+    if (mismatch := arch_mismatch(inv.platform)) is not None:
+        inv.warnings.append(f"{mismatch}: the vLLM build carries no kernels for this GPU's architecture "
+                            "(compiled-for is not run-on); expect it to fail at the first real prefill")
+    forced = inv.server_info.get("vllm_config.attention_config.backend")
+    if isinstance(forced, str) and forced:
+        inv.attention_backend, inv.attention_backend_source = forced[:80], "server_info"
+
+
+async def _has_tokenize(client: Client, inv: Inventory) -> bool:
+    try:
+        await client.tokenize(prompt="kvprobe")
+    except ServerError as exc:
+        if exc.status not in (404, 405, 501):
+            raise
+        inv.warnings.append("no /tokenize endpoint: token counts are estimates")
+        return False
+    return True
+
+
+async def _first_prefill(client: Client, inv: Inventory, fraction: float, max_tokens: int) -> None:
+    """The smoke: one real long request; a server that fails it is broken whatever it reported."""
+    unreadable: list[str] = []
+    block = attention_block(inv)
+    inv.smoke = await smoke_test(client, inv.max_model_len or 4096, fraction, max_tokens, inv.has_tokenize,
+                                 unreadable, block)
+    inv.smoke.attention_block = block
+    for line in unreadable:
+        inv.cannot_read(line)
+    if not inv.smoke.ok:
+        inv.status = "broken"
+        inv.error = f"{client.name}: first-prefill smoke ({inv.smoke.what()}) failed: {inv.smoke.error}"
 
 
 # Only these machine facts are kept from /server_info's system_env: env_vars and pip lists can carry
