@@ -18,25 +18,25 @@ Nothing is downloaded: the task reads local JSONL and every Hugging Face library
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvprobe import settings
 from kvprobe.corpus import TASKS_DIR
-from kvprobe.errors import ConfigError, Unreadable
-from kvprobe.server.untrusted import LOGPROB_MAX, logprob, number
+from kvprobe.errors import ConfigError
+from kvprobe.server.untrusted import LOGPROB_MAX, number
+
+if TYPE_CHECKING:
+    from kvprobe.quality.completions import WindowCallback
 
 # Before lm-eval pulls in datasets / huggingface_hub / transformers / tqdm, which read these once.
 settings.set_library_defaults()
-
-WindowCallback = Callable[[int, int], None]  # (windows done, windows in all)
 
 
 # What makes a folder a tokenizer transformers can load: tokenizer.json (fast tokenizers), or
@@ -214,111 +214,12 @@ def task_passages(task: str, limit: int | None = None, tasks_dir: Path = TASKS_D
     return out
 
 
-def check_logprobs(server: str, outputs: Any, ctxlens: list[int]) -> None:
-    """Unreadable unless `outputs` has the shape lm-eval's parse_logprobs reads, with finite logprobs
-    at the positions it sums (each choice's token_logprobs[ctxlen:-1])."""
-    where = f"{server}: /v1/completions"
-    for out in outputs if isinstance(outputs, list) else [outputs]:
-        choices = out.get("choices") if isinstance(out, dict) else None
-        if not isinstance(choices, list) or not all(
-                isinstance(c, dict) and type(c.get("index")) is int and isinstance(c.get("logprobs"), dict)
-                for c in choices):
-            raise Unreadable(f"{where}: the answer has no choices with an index and logprobs", server=server)
-        for choice, ctxlen in zip(sorted(choices, key=lambda c: c["index"]), ctxlens, strict=False):
-            logprobs = choice["logprobs"]
-            token_logprobs, top = logprobs.get("token_logprobs"), logprobs.get("top_logprobs")
-            if not isinstance(token_logprobs, list) or not isinstance(top, list):
-                raise Unreadable(f"{where}: logprobs has no token_logprobs and top_logprobs lists", server=server)
-            for i in range(ctxlen, len(token_logprobs) - 1):
-                logprob(token_logprobs[i], f"{where} logprobs.token_logprobs[{i}]")
-            # lm-eval compares each token's logprob with max(top.values()): an empty entry or a
-            # string among the values is a ValueError or TypeError inside it.
-            for i, entry in enumerate(top[ctxlen:-1], ctxlen):
-                if not isinstance(entry, dict) or not entry:
-                    raise Unreadable(f"{where}: logprobs.top_logprobs[{i}] is not an object of token logprobs",
-                                     server=server)
-                for token, value in entry.items():
-                    logprob(value, f"{where} logprobs.top_logprobs[{i}][{token[:40]!r}]")
-
-
 def _model_class() -> type:
-    """Built on first use, so importing kvprobe never imports lm-eval."""
-    global _MODEL_CLASS
-    if _MODEL_CLASS is not None:
-        return _MODEL_CLASS
-    from lm_eval import utils as lm_utils
-    from lm_eval.models.openai_completions import LocalCompletionsAPI
+    """kvprobe's lm-eval model (kvprobe.quality.completions), imported on first use so importing kvprobe
+    never imports lm-eval."""
+    from kvprobe.quality.completions import KvprobeCompletions
 
-    class KvprobeCompletions(LocalCompletionsAPI):
-        """lm-eval's local-completions with all windows of all passages scheduled together."""
-
-        def __init__(self, *, on_window: WindowCallback | None = None, server: str = "server", **kwargs: Any):
-            super().__init__(**kwargs)
-            self.on_window = on_window
-            self.server = server
-            self.windows_sent = 0
-
-        def parse_logprobs(self, outputs: Any, tokens: Any = None, ctxlens: list[int] | None = None,
-                           **kwargs: Any) -> list[tuple[float, bool]]:
-            """lm-eval's own reading, once what it sums is checked: a NaN logprob would give a NaN
-            perplexity, a string one a TypeError deep in lm-eval."""
-            check_logprobs(self.server, outputs, ctxlens or [])
-            return super().parse_logprobs(outputs, tokens, ctxlens, **kwargs)
-
-        def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
-            windows: list[tuple[None, list[int], list[int]]] = []
-            owners: list[int] = []
-            for i, request in enumerate(requests):
-                (string,) = request.args
-                rolling = lm_utils.get_rolling_token_windows(
-                    token_list=self.tok_encode(string), prefix_token=self.prefix_token_id,
-                    max_seq_len=self.max_length - 1, context_len=1)
-                for context, continuation in map(lm_utils.make_disjoint_window, rolling):
-                    windows.append((None, context, continuation))
-                    owners.append(i)
-            inputs, ctxlens, _ = self.batch_loglikelihood_requests([windows])
-            self.windows_sent = len(inputs)
-            scores = asyncio.run(self._score_all(inputs, ctxlens))
-            per_doc: list[list[float]] = [[] for _ in requests]
-            for owner, (loglikelihood, _greedy) in zip(owners, scores, strict=True):
-                per_doc[owner].append(loglikelihood)
-            totals = [sum(parts) for parts in per_doc]  # window order, as lm-eval sums them
-            for request, total in zip(requests, totals, strict=True):
-                self.cache_hook.add_partial("loglikelihood_rolling", request.args, total)
-            return totals
-
-        async def _score_all(self, inputs: list[list[int]], ctxlens: list[int]) -> list[tuple[float, bool]]:
-            from aiohttp import ClientSession, ClientTimeout, TCPConnector
-            from tenacity import retry, stop_after_attempt, wait_exponential
-
-            call = retry(stop=stop_after_attempt(self.max_retries), reraise=True,
-                         wait=wait_exponential(multiplier=0.5, min=1, max=10))(self.amodel_call)
-            sem = asyncio.Semaphore(self._concurrent)
-            done = 0
-
-            async def one(session: ClientSession, inp: list[int], ctxlen: int) -> tuple[float, bool]:
-                nonlocal done
-                (score,) = await call(session=session, sem=sem, messages=[inp], generate=False, ctxlens=[ctxlen])
-                done += 1
-                if self.on_window:
-                    self.on_window(done, len(inputs))
-                return score
-
-            # Longest first, as lm-eval orders them: the long prefills start while short ones fill gaps.
-            order = sorted(range(len(inputs)), key=lambda k: -len(inputs[k]))
-            async with ClientSession(connector=TCPConnector(limit=self._concurrent, ssl=self.verify_certificate),
-                                     timeout=ClientTimeout(total=self.timeout)) as session:
-                results = await asyncio.gather(*(one(session, inputs[k], ctxlens[k]) for k in order))
-            scores: list[tuple[float, bool]] = [(0.0, False)] * len(inputs)
-            for k, score in zip(order, results, strict=True):
-                scores[k] = score
-            return scores
-
-    _MODEL_CLASS = KvprobeCompletions
-    return _MODEL_CLASS
-
-
-_MODEL_CLASS: type | None = None
+    return KvprobeCompletions
 
 
 def make_model(target: Target, on_window: WindowCallback | None = None) -> Any:

@@ -102,3 +102,30 @@ def optional_count(data: Any, key: str, what: str, *, maximum: float = MAX_TOKEN
     """data[key] as a count; None when the server left it out (Unreadable when it sent garbage)."""
     value = data.get(key) if isinstance(data, dict) else None
     return None if value is None else count(value, f"{what}.{key}", maximum=maximum)
+
+
+def check_logprobs(server: str, outputs: Any, ctxlens: list[int]) -> None:
+    """Unreadable unless `outputs` has the shape lm-eval's parse_logprobs reads, with finite logprobs
+    at the positions it sums (each choice's token_logprobs[ctxlen:-1])."""
+    where = f"{server}: /v1/completions"
+    for out in outputs if isinstance(outputs, list) else [outputs]:
+        choices = out.get("choices") if isinstance(out, dict) else None
+        if not isinstance(choices, list) or not all(
+                isinstance(c, dict) and type(c.get("index")) is int and isinstance(c.get("logprobs"), dict)
+                for c in choices):
+            raise Unreadable(f"{where}: the answer has no choices with an index and logprobs", server=server)
+        for choice, ctxlen in zip(sorted(choices, key=lambda c: c["index"]), ctxlens, strict=False):
+            logprobs = choice["logprobs"]
+            token_logprobs, top = logprobs.get("token_logprobs"), logprobs.get("top_logprobs")
+            if not isinstance(token_logprobs, list) or not isinstance(top, list):
+                raise Unreadable(f"{where}: logprobs has no token_logprobs and top_logprobs lists", server=server)
+            for i in range(ctxlen, len(token_logprobs) - 1):
+                logprob(token_logprobs[i], f"{where} logprobs.token_logprobs[{i}]")
+            # lm-eval compares each token's logprob with max(top.values()): an empty entry or a
+            # string among the values is a ValueError or TypeError inside it.
+            for i, entry in enumerate(top[ctxlen:-1], ctxlen):
+                if not isinstance(entry, dict) or not entry:
+                    raise Unreadable(f"{where}: logprobs.top_logprobs[{i}] is not an object of token logprobs",
+                                     server=server)
+                for token, value in entry.items():
+                    logprob(value, f"{where} logprobs.top_logprobs[{i}][{token[:40]!r}]")

@@ -21,12 +21,12 @@ from replay import Replay
 
 from kvprobe.errors import ServerError, Unreadable
 from kvprobe.quality.divergence import compare, parse_prompt_logprobs
-from kvprobe.quality.lmeval import check_logprobs
 from kvprobe.run.store import dumps
 from kvprobe.server.client import Client
 from kvprobe.server.inventory import engine_facts, take_inventory
 from kvprobe.server.pin import check_pin
 from kvprobe.server.platform import Platform, platform_from_system_env
+from kvprobe.server.untrusted import check_logprobs
 
 AUTO = FIXTURES / "auto-8101"
 

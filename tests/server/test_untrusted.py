@@ -198,7 +198,7 @@ def test_prompt_logprobs_are_checked(logprob, problem: str) -> None:
 
 
 def test_logprobs_lm_eval_sums_are_checked() -> None:
-    from kvprobe.quality.lmeval import check_logprobs
+    from kvprobe.server.untrusted import check_logprobs
 
     answer = json.loads(capture("auto-8101", "completions_echo_logprobs1_max1_ids"))
     check_logprobs("fp8", answer, [1])  # the real capture is fine
