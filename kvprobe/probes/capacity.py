@@ -48,6 +48,22 @@ def _predict(config_path: str, inv: Inventory, ref: Inventory) -> Plan | None:
         return None
 
 
+def _server_row(inv: Inventory, plan: Any, ref_plan: Any) -> dict[str, Any]:
+    """One server's labels, its predicted and measured KV tokens, and how far the prediction is off."""
+    measured = inv.capacity.kv_cache_tokens if inv.capacity and not inv.capacity.estimate else None
+    predicted = plan.kv_cache_tokens if plan else None
+    labels = inv.cache_config or {}
+    return {
+        "cache_dtype": inv.cache_dtype,
+        "mamba_ssm_cache_dtype": labels.get("mamba_ssm_cache_dtype"),
+        "mamba_cache_mode": labels.get("mamba_cache_mode"),
+        "predicted_kv_cache_tokens": predicted, "measured_kv_cache_tokens": measured,
+        "predicted_ratio": (plan.kv_cache_tokens / ref_plan.kv_cache_tokens
+                            if plan and ref_plan and ref_plan.kv_cache_tokens else None),
+        "error_pct": 100.0 * (predicted - measured) / measured if predicted and measured else None,
+    }
+
+
 def memory_map_summary(config_path: str, reference: str, inventories: dict[str, Inventory],
                        capacity_gain_min: float, chart: Path | None = None,
                        draw: Callable[[Any, Any, Path], Path | None] | None = None) -> dict[str, Any]:
@@ -82,27 +98,13 @@ def memory_map_summary(config_path: str, reference: str, inventories: dict[str, 
     sentence = lv.sentence()
 
     plans = {name: _predict(config_path, inv, ref) for name, inv in inventories.items()}
-    ref_plan = plans[reference]
-    servers: dict[str, Any] = {}
+    servers = {name: _server_row(inv, plans[name], plans[reference]) for name, inv in inventories.items()}
     explain: dict[str, str] = {}
     ref_tokens = ref.capacity.kv_cache_tokens if ref.capacity else None
     for name, inv in inventories.items():
-        measured = inv.capacity.kv_cache_tokens if inv.capacity and not inv.capacity.estimate else None
-        plan = plans[name]
-        predicted = plan.kv_cache_tokens if plan else None
-        predicted_ratio = (plan.kv_cache_tokens / ref_plan.kv_cache_tokens
-                           if plan and ref_plan and ref_plan.kv_cache_tokens else None)
-        labels = inv.cache_config or {}
-        servers[name] = {
-            "cache_dtype": inv.cache_dtype,
-            "mamba_ssm_cache_dtype": labels.get("mamba_ssm_cache_dtype"),
-            "mamba_cache_mode": labels.get("mamba_cache_mode"),
-            "predicted_kv_cache_tokens": predicted, "measured_kv_cache_tokens": measured,
-            "predicted_ratio": predicted_ratio,
-            "error_pct": 100.0 * (predicted - measured) / measured if predicted and measured else None,
-        }
         ratio = inv.capacity.kv_cache_tokens / ref_tokens if inv.capacity and ref_tokens else None
         if name != reference and ratio is not None and ratio < 1 + capacity_gain_min:
+            predicted_ratio = servers[name]["predicted_ratio"]
             predicted_text = (f"memmap predicted {predicted_ratio:.2f}x" if predicted_ratio is not None
                               else "memmap cannot size it")
             # The lever sentence last: a KV dtype that frees nothing is told which knob would.
