@@ -27,6 +27,7 @@ from kvprobe.errors import EXIT_BROKEN, EXIT_CANNOT_RUN, EXIT_INVALID, EXIT_OK, 
 from kvprobe.probes import ORDER, PROBES, ordered
 from kvprobe.report.live import TerminalReporter
 from kvprobe.run.context import EvalContext
+from kvprobe.run.interrupt import CtrlC
 from kvprobe.run.store import RunDir, utc_now
 from kvprobe.server.client import Client
 from kvprobe.server.inventory import NOT_TAKEN, Inventory, take_inventories
@@ -202,7 +203,7 @@ def _cannot_start(inventories: list[Inventory], probes: list[str]) -> list[str]:
 
 
 async def _probe_phase(ctx: EvalContext, inventories: list[Inventory], probes: list[str], deadline: float | None,
-                       advise: bool) -> None:
+                       advise: bool, ctrl_c: CtrlC) -> None:
     """Fit, sizing advice, then each probe that fits in run order (within the canary's budget when it has one)."""
     skipped = fit_phase(ctx, probes)
     runnable = [p for p in probes if p not in skipped]  # the budget plans no time for the rest
@@ -212,6 +213,7 @@ async def _probe_phase(ctx: EvalContext, inventories: list[Inventory], probes: l
     if budget is not None:
         budget.plan(runnable)
     for name in ordered(runnable):
+        ctrl_c.check()
         if budget is None:
             ctx.results[name] = await PROBES[name].run(ctx)
         elif not await budget.run(name, PROBES[name].run):
@@ -220,7 +222,7 @@ async def _probe_phase(ctx: EvalContext, inventories: list[Inventory], probes: l
 
 
 def _outcome(ctx: EvalContext, inventories: list[Inventory], messages: list[str],
-             signing_key: SigningKey | None) -> EvalOutcome:
+             signing_key: SigningKey | None, ctrl_c: CtrlC) -> EvalOutcome:
     """The verdict written and signed, and the exit code, most serious first: an invalid comparison, a broken
     server, then the verdict's own code; `messages` gains a line for each."""
     code = EXIT_OK
@@ -232,6 +234,7 @@ def _outcome(ctx: EvalContext, inventories: list[Inventory], messages: list[str]
         code = EXIT_BROKEN
     messages += [inv.error or f"{inv.name} is broken" for inv in broken]
     messages += [f"{name} broke during the run: {err}" for name, err in ctx.broken.items()]
+    ctrl_c.check()  # a run the operator stopped is resumed, never signed as it stands
     verdict = ctx.results["verdict"] = conclude(ctx.run, signing_key)
     if code == EXIT_OK:
         code = verdict.get("exit_code", EXIT_OK)
@@ -258,6 +261,7 @@ async def run_eval(
         if (check := PROBES[name].preflight) is not None:
             await asyncio.to_thread(check, config)
     async with AsyncExitStack() as stack:
+        ctrl_c = stack.enter_context(CtrlC())
         clients = _open_clients(stack, config, transport)
         inventories = await _inventory_phase(config, run, clients, console)
         invs = {inv.name: inv for inv in inventories}
@@ -272,10 +276,10 @@ async def run_eval(
             return EvalOutcome(EXIT_CANNOT_RUN, cannot_start, ctx)
         messages: list[str] = []
         if invs[ref].serving:
-            await _probe_phase(ctx, inventories, probes, deadline, advise)
+            await _probe_phase(ctx, inventories, probes, deadline, advise, ctrl_c)
         else:
             messages.append(f"reference {invs[ref].error}: nothing can be compared")
-        return _outcome(ctx, inventories, messages, signing_key)
+        return _outcome(ctx, inventories, messages, signing_key, ctrl_c)
 
 
 class _Budget:

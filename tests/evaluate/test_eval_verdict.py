@@ -69,3 +69,34 @@ async def test_resume_keeps_the_start_and_records_the_resume(tmp_path):
     meta = run.read_json("run.json")
     assert meta["started"] == started and len(meta["resumed"]) == 1
     assert outcome.ctx.results["verdict"]["run"]["resumed"] == meta["resumed"]
+
+
+def test_a_ctrl_c_whose_cancellation_a_probe_swallows_still_stops_the_run_unsigned(tmp_path, monkeypatch):
+    """asyncio.run turns Ctrl-C into a cancellation; a probe (or a library under it) that catches it must not
+    let the run go on to sign a verdict the operator stopped."""
+    import asyncio
+    import os
+    import signal
+
+    from kvprobe.evaluate.orchestrate import run_eval_sync
+    from kvprobe.probes import capacity
+
+    real = capacity.run
+    swallowed = []
+
+    async def stubborn(ctx):
+        os.kill(os.getpid(), signal.SIGINT)  # the operator's Ctrl-C, mid-probe
+        try:
+            await asyncio.sleep(5)
+        except asyncio.CancelledError:
+            swallowed.append(True)  # ... caught and dropped, as a careless library would
+        return await real(ctx)
+
+    monkeypatch.setattr(capacity, "run", stubborn)
+    run = RunDir.create(tmp_path / "run")
+    with pytest.raises(KeyboardInterrupt):
+        run_eval_sync(parse_config(CONFIG), run, ["capacity"], Console(quiet=True), transport=_fleet().transport(),
+                      signing_key=load_signing_key())
+    assert swallowed == [True]
+    assert not (run.path / "verdict.json").exists()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are put back
