@@ -71,12 +71,16 @@ async def test_resume_keeps_the_start_and_records_the_resume(tmp_path):
     assert outcome.ctx.results["verdict"]["run"]["resumed"] == meta["resumed"]
 
 
+@pytest.mark.serial  # signal handlers live in the main thread, which an xdist worker does not run tests in
 def test_a_ctrl_c_whose_cancellation_a_probe_swallows_still_stops_the_run_unsigned(tmp_path, monkeypatch):
     """asyncio.run turns Ctrl-C into a cancellation; a probe (or a library under it) that catches it must not
     let the run go on to sign a verdict the operator stopped."""
     import asyncio
     import os
     import signal
+    import threading
+
+    assert threading.current_thread() is threading.main_thread(), "run this test outside xdist (-m serial)"
 
     from kvprobe.evaluate.orchestrate import run_eval_sync
     from kvprobe.probes import capacity
