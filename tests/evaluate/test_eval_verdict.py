@@ -98,9 +98,14 @@ def test_a_ctrl_c_whose_cancellation_a_probe_swallows_still_stops_the_run_unsign
 
     monkeypatch.setattr(capacity, "run", stubborn)
     run = RunDir.create(tmp_path / "run")
-    with pytest.raises(KeyboardInterrupt):
-        run_eval_sync(parse_config(CONFIG), run, ["capacity"], Console(quiet=True), transport=_fleet().transport(),
-                      signing_key=load_signing_key())
+    # As a terminal starts kvprobe: a suite run in the background (nohup, &) inherits SIGINT ignored.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_eval_sync(parse_config(CONFIG), run, ["capacity"], Console(quiet=True),
+                          transport=_fleet().transport(), signing_key=load_signing_key())
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are put back
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert swallowed == [True]
     assert not (run.path / "verdict.json").exists()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are put back
