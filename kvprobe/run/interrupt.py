@@ -20,22 +20,21 @@ class CtrlC:
 
     def __init__(self) -> None:
         self.pressed = False
-        self._previous: Any = None
-        self._installed = False
+        self._previous: Any = None  # the handler this one stands beside, while installed
 
     def __enter__(self) -> CtrlC:
         # Signal handlers belong to the main thread; an ignored SIGINT stays ignored.
         if threading.current_thread() is threading.main_thread():
             previous = signal.getsignal(signal.SIGINT)
             if callable(previous):
-                self._previous, self._installed = previous, True
+                self._previous = previous
                 signal.signal(signal.SIGINT, self._on_sigint)
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        if self._installed and signal.getsignal(signal.SIGINT) == self._on_sigint:
+        if self._previous is not None and signal.getsignal(signal.SIGINT) == self._on_sigint:
             signal.signal(signal.SIGINT, self._previous)
-        self._installed = False
+        self._previous = None
 
     def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
         self.pressed = True

@@ -98,10 +98,10 @@ def require_checkout(root: Path | None = None) -> None:
     """The testbed serves the models of a source checkout (demo/models): a wheel ships the package only,
     so `kvprobe demo` from a pip install says what it needs instead of failing in vLLM."""
     root = PROJECT_ROOT if root is None else root
-    missing = [p.name for p in (root / "demo" / "models" / "needle-llama", root / "demo" / "models" / "needle-hybrid")
-               if not (p / "config.json").is_file()]
+    missing = [f"demo/models/{m.name}" for m in (NEEDLE_LLAMA, NEEDLE_HYBRID)
+               if not (root / "demo" / "models" / m.name / "config.json").is_file()]
     if missing:
-        raise LaunchError(f"kvprobe demo needs a source checkout (demo/models/{missing[0]} is not under {root}): "
+        raise LaunchError(f"kvprobe demo needs a source checkout ({missing[0]} is not under {root}): "
                           "clone the kvprobe repository and run scripts/demo there")
 
 
