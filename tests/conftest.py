@@ -69,6 +69,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(skip)
 
 
+@pytest.fixture
+def terminal_sigint() -> Iterator[None]:
+    """SIGINT handled as a terminal starts a program: a suite run in the background (nohup, `&`) inherits it
+    ignored, and so would every child a test starts, so a Ctrl-C test could never land."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # a handled signal is SIG_DFL after exec
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 @pytest.fixture(scope="session")
 def _started_ports() -> Iterator[set[int]]:
     """Ports of the servers this session started: stopped at the end unless KVPROBE_KEEP_SERVERS=1

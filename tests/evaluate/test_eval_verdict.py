@@ -72,7 +72,8 @@ async def test_resume_keeps_the_start_and_records_the_resume(tmp_path):
 
 
 @pytest.mark.serial  # signal handlers live in the main thread, which an xdist worker does not run tests in
-def test_a_ctrl_c_whose_cancellation_a_probe_swallows_still_stops_the_run_unsigned(tmp_path, monkeypatch):
+def test_a_ctrl_c_whose_cancellation_a_probe_swallows_still_stops_the_run_unsigned(tmp_path, monkeypatch,
+                                                                                    terminal_sigint):
     """asyncio.run turns Ctrl-C into a cancellation; a probe (or a library under it) that catches it must not
     let the run go on to sign a verdict the operator stopped."""
     import asyncio
@@ -98,14 +99,9 @@ def test_a_ctrl_c_whose_cancellation_a_probe_swallows_still_stops_the_run_unsign
 
     monkeypatch.setattr(capacity, "run", stubborn)
     run = RunDir.create(tmp_path / "run")
-    # As a terminal starts kvprobe: a suite run in the background (nohup, &) inherits SIGINT ignored.
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            run_eval_sync(parse_config(CONFIG), run, ["capacity"], Console(quiet=True),
-                          transport=_fleet().transport(), signing_key=load_signing_key())
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are put back
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    with pytest.raises(KeyboardInterrupt):
+        run_eval_sync(parse_config(CONFIG), run, ["capacity"], Console(quiet=True),
+                      transport=_fleet().transport(), signing_key=load_signing_key())
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are put back
     assert swallowed == [True]
     assert not (run.path / "verdict.json").exists()
