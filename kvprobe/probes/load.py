@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import secrets
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from kvprobe.config import LoadSettings
 from kvprobe.disk import json_digest, mkdir
 from kvprobe.errors import ConfigError, DiskError, KvprobeError, Unreachable
 from kvprobe.load import spec_decode
@@ -29,6 +31,9 @@ from kvprobe.load.client_load import limited
 from kvprobe.load.generator import CaseOutcome, CaseRunner
 from kvprobe.load.processes import START_DELAY_S, ShardJob, Workers, merge_client, processes_for, read_rows
 from kvprobe.load.sampler import MetricsSampler
+from kvprobe.load.settle import quiet
+from kvprobe.load.sizing import PILOT_BLOCKS, CasePlan, describe, pilot_figures
+from kvprobe.load.sizing import plan as plan_cases
 from kvprobe.load.stats import combine_repeats, summarize_run
 from kvprobe.load.workload import (
     DEFAULT_CHARS_PER_TOKEN,
@@ -55,9 +60,9 @@ RESET_REFUSED = ("not offered: vLLM serves /reset_prefix_cache only with VLLM_SE
                  "prompts start with a fresh nonce instead, so they are uncached anyway")
 
 
-def settings_digest(ctx: EvalContext) -> str:
+def settings_digest(load: LoadSettings) -> str:
     """What decides a unit's measurement; units recorded under another digest are not reused."""
-    data = ctx.config.load.model_dump(mode="json")
+    data = load.model_dump(mode="json")
     # how we look and when we stop, not what a unit measures
     for key in ("metrics_interval_s", "warmup", "settle_s", "processes", "advisory", "budget_s", "max_blocks",
                 "look_every", "endpoint", "latency_endpoint"):
@@ -140,6 +145,14 @@ def _order(servers: list[str], block: int) -> list[str]:
 def _rotated(cases: list[tuple[Shape, int]], block: int) -> list[tuple[Shape, int]]:
     k = block % len(cases)
     return cases[k:] + cases[:k]
+
+
+@dataclass
+class Spent:
+    """What this session of the probe measured and which servers it warmed (a resumed run starts anew)."""
+
+    measured_s: float = 0.0  # case time: first request sent to last finished, summed over the cases run
+    warmed: set[str] = field(default_factory=set)
 
 
 class _Writer:
@@ -246,11 +259,14 @@ async def _sharded(ctx: EvalContext, workers: Workers, name: str, shape: Shape, 
 
 async def _run_unit(ctx: EvalContext, name: str, shape: Shape, agents: int, repeat: int, digest: str,
                     run_nonce: str, source: TextSource, notes: dict[str, str], progress: Progress,
-                    task: Any, workers: Workers | None = None) -> None:
+                    task: Any, spent: Spent, workers: Workers | None = None) -> None:
     settings = ctx.config.load
-    if not await _reset_prefix_cache(ctx, name, notes):
+    t0 = time.perf_counter()
+    # The reset and the wait for every server to go quiet overlap: nothing is measured meanwhile.
+    reset, _ = await asyncio.gather(_reset_prefix_cache(ctx, name, notes),
+                                    quiet([ctx.clients[n] for n in ctx.active()], settings.settle_s))
+    if not reset:
         return
-    await asyncio.sleep(settings.settle_s)
     nonce = case_nonce(run_nonce, shape.name, agents, repeat)
     unit = secrets.token_hex(6)
     ids = {"server": name, "shape": shape.name, "agents": agents, "repeat": repeat, "unit": unit, "digest": digest}
@@ -276,12 +292,13 @@ async def _run_unit(ctx: EvalContext, name: str, shape: Shape, agents: int, repe
     metrics = sampler.summary()
     record = {**ids, **shape.describe(), "mode": settings.mode, "rate": settings.rate, "nonce": nonce,
               "prefix_cache": notes.get(name), "summary": summary, "metrics": metrics, "client": client,
-              "processes": shards}
+              "processes": shards, "wall_s": round(time.perf_counter() - t0, 3)}
     if outcome.dead:
         ctx.run.event("load_aborted", **record, error=outcome.dead)
         ctx.mark_broken(name, outcome.dead)
         return
     ctx.run.event("load_case", **record)
+    spent.measured_s += outcome.duration_s
     progress.update(task, advance=1, description=f"{label} · {summary['output_tokens_per_s']:,.0f} tok/s")
 
 
@@ -334,15 +351,23 @@ def build_summary(ctx: EvalContext, digest: str, servers: list[str]) -> dict[str
         out["servers"][name] = {"cases": entries, "broken": ctx.broken.get(name), "prefix_cache": prefix}
     out["design"] = {k: out["settings"].get(k) for k in DESIGN_FIELDS}
     out["design"]["plan"] = of_settings(ctx.config.load).as_dict()
+    sizing = next((e["plan"] for e in ctx.run.events("load_plan", sized=digest)), None)
+    if sizing is not None:
+        out["sizing"] = sizing
     out["stops"] = {e["server"]: e["why"] for e in ctx.run.events("load_stop", digest=digest)}
+    walls = list(ctx.run.events("load_wall"))
+    wall = sum(float(e["wall_s"]) for e in walls)
+    out["duty_cycle"] = round(sum(float(e["measured_s"]) for e in walls) / wall, 4) if wall > 0 else None
     return out
 
 
 async def run(ctx: EvalContext) -> dict[str, Any]:
+    t_start = time.perf_counter()
     settings = ctx.config.load
     shapes = shapes_of(settings)
     servers = ctx.active()
-    digest = settings_digest(ctx)
+    digest = settings_digest(settings)
+    deadline = _blocks_deadline(ctx)
     _check_fits(ctx, shapes, servers)
     for name in settings.request_overrides:
         if name not in ctx.clients:
@@ -353,13 +378,24 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
     need = max((processes_for(settings, a) for _, a in _cases(shapes)), default=1)
     alone = all(n == ctx.reference for n in servers)
     notes: dict[str, str] = {}
-    async with contextlib.AsyncExitStack() as stack:
-        spawn = need > 1 and (alone or not _settled(ctx, digest, servers))  # none for a finished run
-        workers = await stack.enter_async_context(Workers(need)) if spawn else None
-        if workers is not None:
-            ctx.console.print(f"load: {need} client worker processes (pids {', '.join(map(str, workers.pids))})",
-                              highlight=False)
-        await _run_blocks(ctx, shapes, digest, run_nonce, source, notes, servers, workers)
+    spent = Spent()
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            spawn = need > 1 and (alone or not _settled(ctx, digest, servers))  # none for a finished run
+            workers = await stack.enter_async_context(Workers(need)) if spawn else None
+            if workers is not None:
+                ctx.console.print(f"load: {need} client worker processes (pids {', '.join(map(str, workers.pids))})",
+                                  highlight=False)
+            blocks = _Blocks(ctx, shapes, notes, servers, workers, deadline, spent)
+            if _sized(ctx, servers):
+                digest, run_nonce = await _pilot_then_plan(ctx, blocks, digest, run_nonce, source)
+            await blocks.run(digest, run_nonce, source)
+    finally:
+        # kept on a Ctrl-C or a dead server too (a full disk keeps its own error): the duty cycle counts
+        # every session's time
+        with contextlib.suppress(KvprobeError, OSError):
+            ctx.run.event("load_wall", wall_s=round(time.perf_counter() - t_start, 3),
+                          measured_s=round(spent.measured_s, 3))
     summary = build_summary(ctx, digest, servers)
     ctx.run.write_json("load.json", summary)
     ctx.reporter.probe_done("load", summary, list(summary["servers"]))
@@ -449,53 +485,120 @@ async def _warm_up_first(ctx: EvalContext, order: list[str], block: int, shapes:
             warmed.add(name)
 
 
-async def _run_blocks(ctx: EvalContext, shapes: list[Shape], digest: str, run_nonce: str, source: TextSource,
-                      notes: dict[str, str], servers: list[str], workers: Workers | None) -> None:
-    """Blocks until every candidate's endpoint is settled: each block runs every case on the reference and
-    each unsettled candidate in a balanced order; the decision is looked at after every block (it can
-    only cross a boundary at a planned look). A resumed run walks the same blocks, skipping finished units."""
+class _Blocks:
+    """Paired blocks until every candidate's endpoint is settled: each block runs every case on the reference
+    and each unsettled candidate in a balanced order; the decision is looked at after every block (it can
+    only cross a boundary at a planned look). A resumed run walks the same blocks, skipping finished units.
+    `run(..., upto=k)` stops after block k (the pilot); the next `run` goes on from there."""
+
+    def __init__(self, ctx: EvalContext, shapes: list[Shape], notes: dict[str, str], servers: list[str],
+                 workers: Workers | None, deadline: float | None, spent: Spent) -> None:
+        self.ctx, self.shapes, self.notes, self.servers, self.workers = ctx, shapes, notes, servers, workers
+        self.deadline, self.spent = deadline, spent
+        self.block_s = 0.0
+
+    async def run(self, digest: str, run_nonce: str, source: TextSource, upto: int | None = None) -> None:
+        ctx, shapes, servers = self.ctx, self.shapes, self.servers
+        settings = ctx.config.load
+        design = of_settings(settings)
+        ref, cases = ctx.reference, _cases(shapes)
+        alone = all(n == ref for n in servers)
+        # Client-limited blocks are re-run, at most this many beyond n_max; a fixed design ([load] repeats)
+        # runs exactly its blocks, as declared.
+        spare = 0 if settings.repeats is not None else max(2, design.n_max // 4)
+        finished = {(e["server"], e["shape"], e["agents"], e["repeat"])
+                    for e in ctx.run.events("load_case", digest=digest)}
+        stopped = {e["server"] for e in ctx.run.events("load_stop", digest=digest)}
+        columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn())
+        block = 0
+        with Progress(*columns, console=ctx.console, refresh_per_second=4) as progress:
+            tasks = {name: progress.add_task(name, total=(upto or design.n_max) * len(cases)) for name in servers}
+            while ref in ctx.active() and (upto is None or block < upto):
+                open_ = _open_candidates(ctx, digest, servers, stopped)
+                if not open_ and (not alone or block >= design.looks[0]):
+                    break  # the reference alone (nothing to compare) runs the design's first look's blocks
+                why = _stop_reason(block, design.n_max, spare, self.deadline, self.block_s)
+                if why:
+                    for cand in open_:
+                        _stop(ctx, digest, cand, why, block)
+                    progress.console.print(f"load: {why}; {', '.join(open_)} not settled", highlight=False)
+                    break
+                t0 = time.monotonic()
+                order = _order([ref, *open_], block)
+                if settings.warmup:
+                    await _warm_up_first(ctx, order, block, shapes, finished, self.spent.warmed,
+                                         lambda name, shape: _warm_up(ctx, name, shape, digest, run_nonce, source,
+                                                                      progress, tasks[name], self.workers))
+                ran = False
+                for shape, agents in _rotated(cases, block):
+                    for name in order:
+                        if name not in ctx.active():
+                            continue
+                        if (name, shape.name, agents, block) in finished:
+                            progress.update(tasks[name], advance=1)
+                            continue
+                        ran = True
+                        await _run_unit(ctx, name, shape, agents, block, digest, run_nonce, source, self.notes,
+                                        progress, tasks[name], self.spent, self.workers)
+                if ran:  # a block a resumed run had finished says nothing of how long one takes
+                    self.block_s = time.monotonic() - t0
+                block += 1
+                if block in design.looks:
+                    _say_look(ctx, digest, servers, open_, progress)
+
+
+def _sized(ctx: EvalContext, servers: list[str]) -> bool:
+    """Whether a pilot plans the blocks: a sequential design with a candidate to compare, and something to
+    choose (the case length, free unless the operator sized the cases, or the blocks a budget holds)."""
     settings = ctx.config.load
-    design = of_settings(settings)
-    ref, cases = ctx.reference, _cases(shapes)
-    alone = all(n == ref for n in servers)
-    # Client-limited blocks are re-run, at most this many beyond n_max; a fixed design ([load] repeats) runs
-    # exactly its blocks, as declared.
-    spare = 0 if settings.repeats is not None else max(2, design.n_max // 4)
-    deadline = _blocks_deadline(ctx)
-    finished = {(e["server"], e["shape"], e["agents"], e["repeat"])
-                for e in ctx.run.events("load_case", digest=digest)}
+    if settings.repeats is not None or all(n == ctx.reference for n in servers):
+        return False
+    return not written(settings, "duration_s", "requests_per_case") or _blocks_deadline(ctx) is not None
+
+
+async def _pilot_then_plan(ctx: EvalContext, blocks: _Blocks, digest: str, run_nonce: str,
+                           source: TextSource) -> tuple[str, str]:
+    """Run the pilot blocks, choose the case length and design from them (recorded, so a resumed run keeps
+    it), and apply it: the digest and nonce of the blocks the plan governs. At the default length they are
+    the pilot's own, whose blocks then count."""
+    recorded = next(ctx.run.events("load_plan", pilot=digest), None)
+    if recorded is None:
+        t0 = time.monotonic()
+        await blocks.run(digest, run_nonce, source, upto=PILOT_BLOCKS)
+        if ctx.reference not in ctx.active():
+            return digest, run_nonce
+        chosen = _plan(ctx, digest, blocks, time.monotonic() - t0)
+        overrides = {"max_blocks": chosen.max_blocks}
+        if chosen.duration_s is not None:
+            overrides["duration_s"] = chosen.duration_s
+        governed = settings_digest(ctx.config.load.model_copy(update=overrides))
+        ctx.run.event("load_plan", pilot=digest, digest=governed, overrides=overrides, plan=chosen.as_dict())
+        margin = -math.log1p(-ctx.config.bars.throughput_drop_max)
+        for line in describe(chosen, margin, ctx.config.bars.throughput_drop_max):
+            ctx.console.print(line, highlight=False, soft_wrap=True)
+        recorded = {"overrides": overrides}
+    ctx.config = ctx.config.model_copy(update={"load": ctx.config.load.model_copy(update=recorded["overrides"])})
+    new = settings_digest(ctx.config.load)
+    if new == digest:
+        return digest, run_nonce
+    _, nonce = await _load_setup(ctx, new)  # fresh nonces: the pilot's prompts are not re-sent
+    return new, nonce
+
+
+def _plan(ctx: EvalContext, digest: str, blocks: _Blocks, pilot_s: float) -> CasePlan:
+    settings = ctx.config.load
+    pilot_cases = [e for e in ctx.run.events("load_case", digest=digest) if e["repeat"] < PILOT_BLOCKS]
+    units = {e["unit"] for e in pilot_cases}
+    turns = [r["e2e"] for r in ctx.run.events("load_request", digest=digest) if r["unit"] in units and r.get("e2e")]
+    pilot = pilot_figures(pilot_cases, ctx.reference, [float(e.get("wall_s") or 0.0) for e in pilot_cases], turns)
     stopped = {e["server"] for e in ctx.run.events("load_stop", digest=digest)}
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn())
-    block, block_s = 0, 0.0
-    with Progress(*columns, console=ctx.console, refresh_per_second=4) as progress:
-        tasks = {name: progress.add_task(name, total=design.n_max * len(cases)) for name in servers}
-        warmed: set[str] = set()
-        while ref in ctx.active():
-            open_ = _open_candidates(ctx, digest, servers, stopped)
-            if not open_ and (not alone or block >= design.looks[0]):
-                break  # the reference alone (nothing to compare) runs the design's first look's blocks
-            why = _stop_reason(block, design.n_max, spare, deadline, block_s)
-            if why:
-                for cand in open_:
-                    _stop(ctx, digest, cand, why, block)
-                progress.console.print(f"load: {why}; {', '.join(open_)} not settled", highlight=False)
-                break
-            t0 = time.monotonic()
-            order = _order([ref, *open_], block)
-            if settings.warmup:
-                await _warm_up_first(ctx, order, block, shapes, finished, warmed, lambda name, shape: _warm_up(
-                    ctx, name, shape, digest, run_nonce, source, progress, tasks[name], workers))
-            for shape, agents in _rotated(cases, block):
-                for name in order:
-                    if name not in ctx.active():
-                        continue
-                    if (name, shape.name, agents, block) in finished:
-                        progress.update(tasks[name], advance=1)
-                        continue
-                    await _run_unit(ctx, name, shape, agents, block, digest, run_nonce, source, notes, progress,
-                                    tasks[name], workers)
-            block_s = time.monotonic() - t0
-            block += 1
-            if block in design.looks:
-                _say_look(ctx, digest, servers, open_, progress)
+    servers = 1 + len(_open_candidates(ctx, digest, blocks.servers, stopped))
+    cases = _cases(blocks.shapes)
+    endpoint = settings.endpoint
+    scope = len(cases) if endpoint == "sweep" else max(1, sum(1 for _, a in cases if a == endpoint))
+    left = blocks.deadline - time.monotonic() if blocks.deadline is not None else None
+    return plan_cases(pilot, servers=max(servers, 2), cases=len(cases), scope=scope,
+                      margin=-math.log1p(-ctx.config.bars.throughput_drop_max), max_blocks=settings.max_blocks,
+                      look_every=settings.look_every, budget_s=left,
+                      resize=not written(settings, "duration_s", "requests_per_case"))

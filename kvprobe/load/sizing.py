@@ -1,0 +1,183 @@
+"""Cases sized by precision: from a pilot's measured cost and noise, the case length and the number of
+paired blocks that let an equal candidate settle within the load budget.
+
+The pilot is the first PILOT_BLOCKS blocks at the default case size (one conversation per agent). It
+gives what a case costs on these servers (its measured time, the unmeasured time around it) and how noisy
+a paired case is: the pooled within-case variance of the log throughput ratio across the pilot's blocks,
+which does not depend on how far apart the servers are, so sizing from it leaves the test's level alone.
+
+The model: a case T seconds long has a paired log-ratio variance v * t / T, v measured at the pilot's
+length t (noise averages over the case; a fixed per-case disturbance would fall faster, so the model errs
+long). A block of K cases in the endpoint's scope then has spread sigma_b = sqrt(v * t / (T * K)), costs
+S * C * (T + overrun + overhead) seconds (S servers, C cases), and the design fits n_max = the blocks
+the budget holds. Each candidate length is judged by the probability that a candidate equal to the
+reference passes at the design's final boundary (noncentral t); the shortest length reaching
+TARGET_POWER wins, else the most powerful. At the default length the pilot's blocks are blocks of the
+design and count; at another length they are a pilot only, recorded apart.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from kvprobe.stats import sequential
+
+PILOT_BLOCKS = 2
+TARGET_POWER = 0.95  # P(an equal candidate passes): the shortest case length reaching it is planned
+DECIDE_POWER = 0.80  # the power at which "the smallest difference this budget can decide" is quoted
+MULTIPLIERS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0)
+MAX_CASE_S = 60.0
+BUDGET_SLACK = 0.95  # plan on this share of the time left: block times vary
+
+
+@dataclass(frozen=True)
+class Pilot:
+    """What the pilot blocks measured."""
+
+    blocks: int
+    case_s: float  # mean measured case time (first request sent to last finished)
+    overhead_s: float  # mean wall time around a case that measures nothing (settle, reset, bookkeeping)
+    turn_s: float  # median request time: a case bounded by duration_s overruns it by about one turn
+    case_var: float | None  # pooled variance of a case's paired log throughput ratio; None: no pair repeated
+    df: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class CasePlan:
+    """The case length and design the pilot chose, fixed before the blocks it governs."""
+
+    duration_s: float | None  # None: the default size, and the pilot's blocks count
+    multiplier: float
+    max_blocks: int
+    looks: tuple[int, ...]
+    c: float
+    block_s: float  # predicted wall time of one block
+    sigma_block: float | None  # predicted spread of a block's endpoint log ratio
+    p_pass_equal: float | None  # P(an equal candidate passes), noncentral t at the final boundary
+    decidable: float | None  # log-ratio distance from the bar decided with DECIDE_POWER
+    budget_s: float | None  # the time the plan had
+    pilot: Pilot
+
+    @property
+    def counts_pilot(self) -> bool:
+        return self.duration_s is None
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in asdict(self).items() if k != "pilot"}
+        out["looks"] = list(self.looks)
+        out["counts_pilot"] = self.counts_pilot
+        out["pilot"] = self.pilot.as_dict()
+        return {k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v) for k, v in out.items()}
+
+
+def pilot_figures(cases: Iterable[dict[str, Any]], reference: str, walls: Iterable[float],
+                  turn_times: Iterable[float]) -> Pilot:
+    """From the pilot's `load_case` events, each unit's wall time (settle and reset included) and the
+    requests' end-to-end times."""
+    cases = list(cases)
+    walls, turns = list(walls), sorted(t for t in turn_times if t and t > 0)
+    measured = [float(e["summary"]["duration_s"]) for e in cases]
+    case_s = sum(measured) / len(measured) if measured else 0.0
+    overhead = max(0.0, (sum(walls) - sum(measured)) / len(walls)) if walls and measured else 0.0
+    tps: dict[tuple[str, str, int], dict[str, float]] = defaultdict(dict)
+    for e in cases:
+        value = e["summary"].get("output_tokens_per_s")
+        if isinstance(value, int | float) and value > 0:
+            tps[(e["shape"], e["agents"], e["repeat"])][e["server"]] = float(value)
+    per_case: dict[tuple[str, str, int], list[float]] = defaultdict(list)
+    for (shape, agents, _), by_server in tps.items():
+        ref = by_server.get(reference)
+        for server, value in by_server.items():
+            if ref is not None and server != reference:
+                per_case[(server, shape, agents)].append(math.log(ref / value))
+    ss, df = 0.0, 0
+    for logs in per_case.values():
+        if len(logs) >= 2:
+            mean = sum(logs) / len(logs)
+            ss += sum((x - mean) ** 2 for x in logs)
+            df += len(logs) - 1
+    blocks = len({e["repeat"] for e in cases})
+    return Pilot(blocks, case_s, overhead, turns[len(turns) // 2] if turns else 0.0, ss / df if df else None, df)
+
+
+def _power(margin: float, sigma: float, n: int, c: float) -> float:
+    """P(pass | equal) at the final look of n blocks: t with n-1 df, noncentrality margin / (sigma/sqrt n)."""
+    from scipy.stats import nct
+
+    if n < 2 or not math.isfinite(c):
+        return 0.0
+    if sigma <= 0:
+        return 1.0
+    return float(nct.sf(c, n - 1, margin * math.sqrt(n) / sigma))
+
+
+def _z(p: float) -> float:
+    from scipy.stats import norm
+
+    return float(norm.ppf(p))
+
+
+def plan(pilot: Pilot, *, servers: int, cases: int, scope: int, margin: float, max_blocks: int, look_every: int,
+         budget_s: float | None, resize: bool) -> CasePlan:
+    """The case length and design for the blocks after the pilot. `servers`: in a block (the reference and
+    the open candidates); `cases`: per server per block; `scope`: cases in the endpoint; `budget_s`: the
+    time left after the pilot (None: no budget, the design keeps max_blocks); `resize`: False when the
+    operator sized the cases, which then keep their size and only the design is fitted."""
+    options = []
+    for m in MULTIPLIERS if resize and pilot.case_s > 0 else (1.0,):
+        if m > 1 and m * pilot.case_s > MAX_CASE_S:
+            break
+        length = pilot.case_s if m == 1 else m * pilot.case_s + pilot.turn_s
+        block_s = servers * cases * (length + pilot.overhead_s)
+        counted = pilot.blocks if m == 1 else 0
+        if budget_s is None:
+            n = max_blocks
+        else:
+            n = min(max_blocks, counted + int(BUDGET_SLACK * budget_s // block_s) if block_s > 0 else max_blocks)
+        n = max(n, counted, 2)
+        looks = sequential.planned_looks(n, look_every)
+        c = sequential.calibrate(looks)
+        sigma = math.sqrt(pilot.case_var * pilot.case_s / (length * scope)) if pilot.case_var is not None else None
+        power = _power(margin, sigma, n, c) if sigma is not None else None
+        decidable = (c + _z(DECIDE_POWER)) * sigma / math.sqrt(n) if sigma is not None else None
+        options.append(CasePlan(None if m == 1 else round(m * pilot.case_s, 2), m, n, looks, c, block_s, sigma,
+                                power, decidable, budget_s, pilot))
+    enough = [o for o in options if o.p_pass_equal is not None and o.p_pass_equal >= TARGET_POWER]
+    if enough:
+        return enough[0]
+    return max(options, key=lambda o: (round(o.p_pass_equal or 0.0, 2), -o.multiplier))
+
+
+def describe(p: CasePlan, margin: float, bar: float) -> list[str]:
+    """The plan in words, before the blocks it governs: the case length, the blocks, and what the budget
+    can decide."""
+    pilot = p.pilot
+    length = (f"cases of the default size ({pilot.case_s:.1f} s measured)" if p.duration_s is None
+              else f"cases of {p.duration_s:.1f} s ({p.multiplier:g}x the pilot's {pilot.case_s:.1f} s)")
+    counted = f", the pilot's {pilot.blocks} counted" if p.counts_pilot else ""
+    budget = f" in the {p.budget_s:.0f} s left" if p.budget_s is not None else ""
+    lines = [f"load plan: {length}; {p.max_blocks} blocks of ~{p.block_s:.0f} s{budget}{counted}; looks at "
+             f"{', '.join(map(str, p.looks))} (final boundary t > {p.c:.2f})"]
+    if p.sigma_block is None or p.decidable is None or p.p_pass_equal is None:
+        lines.append("load plan: no paired case repeated in the pilot, so no noise figure: the design is only fitted "
+                     "to the budget")
+        return lines
+    slow_pass = -math.expm1(-(margin - p.decidable))
+    slow_fail = -math.expm1(-(margin + p.decidable))
+    lines.append(f"load plan: at the pilot's noise (one case {math.sqrt(pilot.case_var or 0):.3f}, a block "
+                 f"{p.sigma_block:.3f} in log ratio) an equal candidate passes with P ~ {p.p_pass_equal:.2f}; at "
+                 f"{DECIDE_POWER:.0%} power this plan passes a candidate up to {slow_pass:+.1%} slower and fails one "
+                 f"{slow_fail:+.1%} slower or more (bar {bar:.0%})")
+    if p.p_pass_equal < 0.5:
+        need = math.ceil(((p.c + _z(DECIDE_POWER)) * p.sigma_block / margin) ** 2)
+        lines.append(f"load plan: speed cannot settle for an equal candidate in this budget (P ~ "
+                     f"{p.p_pass_equal:.2f}); about {need} blocks of this length (~{need * p.block_s / 60:.0f} min) "
+                     f"would give it {DECIDE_POWER:.0%}: a clearly slower candidate can still fail")
+    return lines
