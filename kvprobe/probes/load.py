@@ -351,7 +351,7 @@ def build_summary(ctx: EvalContext, digest: str, servers: list[str]) -> dict[str
         out["servers"][name] = {"cases": entries, "broken": ctx.broken.get(name), "prefix_cache": prefix}
     out["design"] = {k: out["settings"].get(k) for k in DESIGN_FIELDS}
     out["design"]["plan"] = of_settings(ctx.config.load).as_dict()
-    sizing = next((e["plan"] for e in ctx.run.events("load_plan", sized=digest)), None)
+    sizing = next((e["plan"] for e in ctx.run.events("load_plan", digest=digest)), None)
     if sizing is not None:
         out["sizing"] = sizing
     out["stops"] = {e["server"]: e["why"] for e in ctx.run.events("load_stop", digest=digest)}

@@ -1,0 +1,179 @@
+"""Cases sized by precision (kvprobe/load/sizing.py) and the quiet wait between cases (load/settle.py),
+on known inputs; the pilot's flow through the real probe on replayed captures."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from pathlib import Path
+
+import httpx
+import pytest
+from replay import MultiReplay, Replay
+from rich.console import Console
+
+from kvprobe.config import parse_config
+from kvprobe.evaluate.orchestrate import run_eval
+from kvprobe.load.settle import quiet
+from kvprobe.load.sizing import MULTIPLIERS, TARGET_POWER, Pilot, describe, pilot_figures, plan
+from kvprobe.run.store import RunDir
+from kvprobe.server.client import Client
+
+MARGIN = -math.log1p(-0.05)
+
+
+def _case(server: str, agents: int, repeat: int, tps: float, duration: float = 2.0) -> dict:
+    return {"server": server, "shape": "default", "agents": agents, "repeat": repeat,
+            "summary": {"output_tokens_per_s": tps, "duration_s": duration}}
+
+
+def test_pilot_figures_pool_each_cases_spread_across_blocks() -> None:
+    # log ratios per case: agents 1: 0.1 then 0.3; agents 2: 0.0 then 0.0 -> pooled var (0.02 + 0) / 2 df
+    cases = [_case("ref", 1, 0, 100), _case("cand", 1, 0, 100 / math.exp(0.1)),
+             _case("ref", 1, 1, 100), _case("cand", 1, 1, 100 / math.exp(0.3)),
+             _case("ref", 2, 0, 50), _case("cand", 2, 0, 50), _case("ref", 2, 1, 50), _case("cand", 2, 1, 50)]
+    walls = [2.5] * 8
+    pilot = pilot_figures(cases, "ref", walls, [0.2, 0.3, 0.4])
+    assert pilot.blocks == 2 and pilot.df == 2
+    assert pilot.case_var == pytest.approx(0.01)
+    assert pilot.case_s == pytest.approx(2.0) and pilot.overhead_s == pytest.approx(0.5) and pilot.turn_s == 0.3
+
+
+def test_a_pilot_without_a_repeated_pair_has_no_noise_figure_and_keeps_the_default_size() -> None:
+    pilot = pilot_figures([_case("ref", 1, 0, 100), _case("cand", 1, 0, 90)], "ref", [2.0, 2.0], [0.5])
+    assert pilot.case_var is None
+    chosen = plan(pilot, servers=2, cases=1, scope=1, margin=MARGIN, max_blocks=20, look_every=4, budget_s=100.0,
+                  resize=True)
+    assert chosen.duration_s is None and chosen.p_pass_equal is None
+    assert "no noise figure" in describe(chosen, MARGIN, 0.05)[-1]
+
+
+GPU = Pilot(blocks=2, case_s=1.4, overhead_s=0.4, turn_s=0.3, case_var=0.2 ** 2, df=10)  # the H200's per-case
+CPU = Pilot(blocks=2, case_s=12.0, overhead_s=2.0, turn_s=3.0, case_var=0.048 ** 2, df=10)  # the demo's
+
+
+def test_short_noisy_cases_are_lengthened_and_the_design_fits_the_budget() -> None:
+    chosen = plan(GPU, servers=2, cases=5, scope=5, margin=MARGIN, max_blocks=20, look_every=4, budget_s=500.0,
+                  resize=True)
+    assert chosen.duration_s is not None and chosen.duration_s > GPU.case_s and not chosen.counts_pilot
+    # the blocks the design plans fit in the time left (no look is planned past the budget)
+    assert chosen.max_blocks * chosen.block_s <= 500.0 and chosen.looks[-1] == chosen.max_blocks
+    # at the default size the same budget holds more blocks, each noisier: lengthening never loses power
+    default = plan(GPU, servers=2, cases=5, scope=5, margin=MARGIN, max_blocks=20, look_every=4, budget_s=500.0,
+                   resize=False)
+    assert default.duration_s is None and default.max_blocks == 20  # 2 pilot blocks + 18 more fit, capped at 20
+    assert chosen.p_pass_equal >= default.p_pass_equal
+
+
+def test_the_shortest_length_that_reaches_the_target_power_is_chosen() -> None:
+    chosen = plan(GPU, servers=2, cases=5, scope=5, margin=MARGIN, max_blocks=20, look_every=4, budget_s=None,
+                  resize=True)
+    assert chosen.max_blocks == 20 and chosen.p_pass_equal >= TARGET_POWER
+    shorter = [m for m in MULTIPLIERS if m < chosen.multiplier]
+    for m in shorter:  # every shorter length falls short of the target
+        sigma = math.sqrt(GPU.case_var * GPU.case_s / ((m * GPU.case_s + (GPU.turn_s if m > 1 else 0)) * 5))
+        assert sigma > chosen.sigma_block
+
+
+def test_long_quiet_cpu_cases_keep_their_size_and_the_pilot_counts() -> None:
+    chosen = plan(CPU, servers=2, cases=5, scope=5, margin=MARGIN, max_blocks=20, look_every=4, budget_s=500.0,
+                  resize=True)
+    assert chosen.duration_s is None and chosen.counts_pilot and chosen.multiplier == 1.0
+    assert chosen.max_blocks == 2 + int(0.95 * 500.0 // chosen.block_s)
+    assert "the pilot's 2 counted" in describe(chosen, MARGIN, 0.05)[0]
+
+
+def test_a_budget_that_cannot_settle_an_equal_candidate_says_so_before_it_is_spent() -> None:
+    chosen = plan(GPU, servers=5, cases=5, scope=5, margin=MARGIN, max_blocks=20, look_every=4, budget_s=120.0,
+                  resize=True)
+    lines = describe(chosen, MARGIN, 0.05)
+    assert chosen.p_pass_equal < 0.5
+    assert "cannot settle for an equal candidate in this budget" in lines[-1] and "would give it 80%" in lines[-1]
+
+
+def test_the_plans_words_carry_the_decidable_difference_at_80_percent_power() -> None:
+    chosen = plan(CPU, servers=2, cases=5, scope=5, margin=MARGIN, max_blocks=20, look_every=4, budget_s=500.0,
+                  resize=True)
+    words = describe(chosen, MARGIN, 0.05)[1]
+    lo = -math.expm1(-(MARGIN - chosen.decidable))
+    hi = -math.expm1(-(MARGIN + chosen.decidable))
+    assert f"up to {lo:+.1%} slower" in words and f"fails one {hi:+.1%} slower or more" in words
+
+
+# -- the quiet wait ------------------------------------------------------------------------------
+
+def _metrics(running: float, waiting: float) -> bytes:
+    return (f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name=\"m\"}} {running}\n"
+            f"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{model_name=\"m\"}} {waiting}\n"
+            ).encode()
+
+
+def _client(answers: list[bytes]) -> tuple[Client, list[float]]:
+    seen: list[float] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(1.0)
+        body = answers[min(len(seen) - 1, len(answers) - 1)]
+        return httpx.Response(200, content=body, headers={"content-type": "text/plain"})
+
+    return Client("s", "http://127.0.0.1:1", transport=httpx.MockTransport(handler)), seen
+
+
+async def test_quiet_goes_once_every_server_is_idle_for_the_window() -> None:
+    busy_then_idle, scrapes = _client([_metrics(3, 1), _metrics(1, 0)] + [_metrics(0, 0)])
+    idle, _ = _client([_metrics(0, 0)])
+    waited = await quiet([busy_then_idle, idle], cap_s=5.0, quiet_s=0.2, poll_s=0.05)
+    assert 0.2 <= waited < 1.0 and len(scrapes) >= 4  # two busy scrapes, then idle for the window
+
+
+async def test_quiet_is_capped_by_settle_s_when_a_server_never_goes_idle_or_cannot_say() -> None:
+    busy, _ = _client([_metrics(1, 0)])
+    assert 0.3 <= await quiet([busy], cap_s=0.3, quiet_s=0.1, poll_s=0.05) < 0.6
+    silent, _ = _client([b"# no vllm gauges here\n"])
+    assert 0.3 <= await quiet([silent], cap_s=0.3, quiet_s=0.1, poll_s=0.05) < 0.6
+    assert await quiet([busy], cap_s=0.0) == pytest.approx(0.0, abs=0.05)
+
+
+# -- the pilot in the probe ----------------------------------------------------------------------
+
+def _config(extra: dict) -> object:
+    load = {"agents": [1, 2], "turns": 2, "system_tokens": 64, "tokens_per_turn": 32, "metrics_interval_s": 0.05,
+            "warmup": False, "settle_s": 0} | extra
+    return parse_config({"server": [{"name": "auto", "url": "http://127.0.0.1:8101", "role": "reference"},
+                                    {"name": "fp8", "url": "http://127.0.0.1:8102"}], "load": load})
+
+
+async def test_the_pilot_plans_the_blocks_records_the_plan_and_a_resume_keeps_it(tmp_path: Path) -> None:
+    auto, fp8 = Replay("auto-8101"), Replay("fp8-8102")
+    multi = MultiReplay({"127.0.0.1:8101": auto, "127.0.0.1:8102": fp8})
+    run = RunDir.create(tmp_path / "run")
+    console = Console(file=io.StringIO(), width=200)
+    await run_eval(_config({"budget_s": 60, "max_blocks": 6}), run, ["load"], console, transport=multi.transport())
+    plans = list(run.events("load_plan"))
+    assert len(plans) == 1
+    recorded = plans[0]
+    assert recorded["overrides"]["max_blocks"] <= 6 and recorded["plan"]["pilot"]["blocks"] == 2
+    assert "load plan:" in console.file.getvalue()
+    data = json.loads((run.path / "load.json").read_text())
+    assert data["sizing"] == recorded["plan"]
+    assert data["design"]["max_blocks"] == recorded["overrides"]["max_blocks"]
+    assert 0 < data["duty_cycle"] <= 1
+    walls = list(run.events("load_wall"))
+    assert len(walls) == 1 and walls[0]["measured_s"] <= walls[0]["wall_s"]
+    if recorded["plan"]["counts_pilot"]:  # the pilot's blocks are blocks of the design, under one digest
+        assert recorded["digest"] == recorded["pilot"]
+        assert all(len(c["repeats"]) >= 2 for c in data["servers"]["fp8"]["cases"])
+    # a rerun into the same directory runs no second pilot and measures nothing new
+    before = len(list(run.events("load_case")))
+    await run_eval(_config({"budget_s": 60, "max_blocks": 6}), run, ["load"], Console(file=io.StringIO()),
+                   transport=multi.transport())
+    assert len(list(run.events("load_plan"))) == 1 and len(list(run.events("load_case"))) == before
+
+
+async def test_an_operators_fixed_design_runs_no_pilot(tmp_path: Path) -> None:
+    multi = MultiReplay({"127.0.0.1:8101": Replay("auto-8101"), "127.0.0.1:8102": Replay("fp8-8102")})
+    run = RunDir.create(tmp_path / "run")
+    await run_eval(_config({"repeats": 2}), run, ["load"], Console(file=io.StringIO()), transport=multi.transport())
+    assert not list(run.events("load_plan"))
+    assert "sizing" not in json.loads((run.path / "load.json").read_text())
