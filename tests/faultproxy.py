@@ -6,6 +6,10 @@ won't produce on demand: answer health but fail prefill, delay, drop the connect
 
 `choose(method, path, body)` picks a fault per request instead (benchmarks/soak.py: random faults
 at a rate); a Fault's `fired` says whether it happened (a cut past the body's end does not).
+
+As a program it fronts one server with every streamed answer's time line stretched, a candidate made
+slower on purpose (the GPU speed runs): `python tests/faultproxy.py --stretch 1.3 --port 8105
+http://127.0.0.1:8102`.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ class Fault:
     cut_after_bytes: int | None = None  # forward, but stop the body after this many bytes
     reset: bool = False              # close with a TCP RST (SO_LINGER 0) instead of answering
     event_delay_s: float = 0.0       # forward, but hold each server-sent event this long (a slower server)
+    stretch: float = 1.0             # forward each server-sent event at t0 + stretch * (its arrival - t0)
     fired: bool = False              # set by the proxy once the fault happened
 
 
@@ -67,6 +72,7 @@ class FaultProxy:
                 fault = proxy.faults.get(path)
                 if fault is None and proxy.choose is not None:
                     fault = proxy.choose(self.command, path, body)
+                t0 = time.perf_counter()
                 if fault and (fault.delay_s or fault.drop or fault.reset or fault.status is not None):
                     fault.fired = True
                 if fault and fault.delay_s:
@@ -97,9 +103,9 @@ class FaultProxy:
                     self.send_header("connection", "close")
                     self.end_headers()
                     sent = 0
-                    if fault and fault.event_delay_s:
+                    if fault and (fault.event_delay_s or fault.stretch != 1.0):
                         fault.fired = True
-                        self._slowly(resp, fault.event_delay_s)
+                        self._slowly(resp, fault.event_delay_s, t0, fault.stretch)
                         self.close_connection = True
                         return
                     for chunk in resp.iter_raw():
@@ -113,15 +119,17 @@ class FaultProxy:
                         sent += len(chunk)
                     self.close_connection = True
 
-            def _slowly(self, resp: httpx.Response, delay_s: float) -> None:
+            def _slowly(self, resp: httpx.Response, delay_s: float, t0: float, stretch: float) -> None:
                 """Each event (up to its blank line) held delay_s, so the tokens arrive that much apart at
-                least: split here, since reads coalesce events that queued while the proxy slept."""
+                least, and sent no sooner than its arrival's time since the request, times `stretch`: split
+                here, since reads coalesce events that queued while the proxy slept."""
                 pending = b""
                 for chunk in resp.iter_raw():
+                    arrived = time.perf_counter()
                     pending += chunk
                     while b"\n\n" in pending:
                         event, pending = pending.split(b"\n\n", 1)
-                        time.sleep(delay_s)
+                        time.sleep(max(delay_s, t0 + stretch * (arrived - t0) - time.perf_counter()))
                         self.wfile.write(event + b"\n\n")
                         self.wfile.flush()
                 if pending:
@@ -142,3 +150,24 @@ class FaultProxy:
     def __exit__(self, *exc: object) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="front one server, every streamed answer slowed")
+    parser.add_argument("upstream")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--stretch", type=float, default=1.0, help="time line factor of each streamed answer")
+    args = parser.parse_args()
+    slow = Fault(stretch=args.stretch)
+    proxy = FaultProxy(args.upstream, choose=lambda method, path, body: slow if path.endswith("/completions") else None)
+    proxy.server.server_close()
+    proxy.server = _Server(("127.0.0.1", args.port), proxy.server.RequestHandlerClass)
+    proxy.server.daemon_threads = True
+    print(f"stretch {args.stretch}x: 127.0.0.1:{args.port} -> {args.upstream}", flush=True)
+    proxy.server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

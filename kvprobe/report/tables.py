@@ -312,10 +312,30 @@ def load_table(v: dict[str, Any]) -> TableData | None:
             rows = by_case[key]
             t.rows.append([name, " ".join(key), *_load_numbers(rows, spec)])
             t.tags.append("broken" if any(r.get("errors") or r.get("incomplete") for r in rows) else None)
+    notes = [_sizing_note(probe)]
     if spec:
-        t.note = ("spec accept: accepted / drafted tokens over the case's runs (vLLM's spec_decode counters, a ratio "
-                  "of sums) and tokens per step (1 + accepted per draft); shown beside speed, not judged.")
+        notes.append("spec accept: accepted / drafted tokens over the case's runs (vLLM's spec_decode counters, a "
+                     "ratio of sums) and tokens per step (1 + accepted per draft); shown beside speed, not judged.")
+    t.note = " ".join(n for n in notes if n) or None
     return t
+
+
+def _sizing_note(probe: dict[str, Any]) -> str | None:
+    """The case length the pilot chose and how much of the probe's time measured something."""
+    parts = []
+    sizing = probe.get("sizing") or {}
+    if sizing:
+        pilot = sizing.get("pilot") or {}
+        length = ("the default size" if sizing.get("duration_s") is None
+                  else f"{sizing['duration_s']:.1f} s ({sizing.get('multiplier', 0):g}x the pilot's)")
+        power = sizing.get("p_pass_equal")
+        parts.append(f"Cases of {length}, planned from a {pilot.get('blocks', '?')}-block pilot "
+                     f"({pilot.get('case_s', 0):.1f} s a case); {sizing.get('max_blocks')} blocks planned"
+                     + (f", P(an equal candidate passes) ~ {power:.2f}." if isinstance(power, int | float) else "."))
+    duty = probe.get("duty_cycle")
+    if isinstance(duty, int | float):
+        parts.append(f"Duty cycle {duty:.0%}: measured case time over the load probe's wall time.")
+    return " ".join(parts) or None
 
 
 # The speed checks of one load case, by bar and metric (both rules name them so).

@@ -126,9 +126,13 @@ def read_load(data: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"servers": servers}
     # The speed design declared before the run (the checks compute its boundaries) and why the probe
     # stopped measuring a candidate before the design's last block (a budget, a broken server).
-    for key in ("design", "stops"):
+    for key in ("design", "stops", "sizing"):
         if isinstance(data.get(key), dict):
             out[key] = _scalars(data[key])
+    if isinstance(data.get("sizing"), dict) and isinstance(data["sizing"].get("pilot"), dict):
+        out["sizing"]["pilot"] = _scalars(data["sizing"]["pilot"])
+    if isinstance(data.get("duty_cycle"), int | float):
+        out["duty_cycle"] = data["duty_cycle"]
     settings = data.get("settings") if isinstance(data.get("settings"), dict) else {}
     if "design" not in out and isinstance(settings.get("repeats"), int):
         # Written before the sequential design: its repeats ran every server back to back, interleaved,

@@ -205,6 +205,8 @@ class LoadEvidence(_Open):
     servers: dict[str, LoadServer]
     design: dict[str, Any] | None = None
     stops: dict[str, Any] | None = None
+    sizing: dict[str, Any] | None = None  # the pilot's figures and the case length and blocks it planned
+    duty_cycle: float | None = None  # measured case time over the load probe's wall time
 
 
 class CapacityEvidence(_Open):
