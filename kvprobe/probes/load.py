@@ -25,7 +25,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from kvprobe.disk import json_digest, mkdir
 from kvprobe.errors import ConfigError, DiskError, KvprobeError, Unreachable
 from kvprobe.load import spec_decode
-from kvprobe.load.client_load import limited
 from kvprobe.load.generator import CaseOutcome, CaseRunner
 from kvprobe.load.processes import START_DELAY_S, ShardJob, Workers, merge_client, processes_for, read_rows
 from kvprobe.load.sampler import MetricsSampler
@@ -41,6 +40,7 @@ from kvprobe.load.workload import (
 from kvprobe.run.budget import RESERVE_S
 from kvprobe.run.context import EvalContext
 from kvprobe.server.fit import tightest, written
+from kvprobe.stats.client_limit import limited
 from kvprobe.stats.sequential import of_settings, williams
 
 # What the speed design declares before the run (recorded in load.json and the verdict's evidence).
