@@ -32,12 +32,9 @@ ROOT_MODULES = {"__init__", "errors", "settings", "config", "knob", "disk", "cor
 FOUNDATION = ROOT_MODULES - {"__init__"}
 
 # Stage packages, lowest first: a module may import from its own package, the foundation, and any
-# package listed before its own. `probes` may import `verdict.checks` alone from above: the load probe
-# stops its paired blocks when the speed check is settled (the sequential design), judged by the same
-# function the verdict uses. kvprobe.probes/__init__ is a leaf (the registry), readable by all.
+# package listed before its own. kvprobe.probes/__init__ is a leaf (the registry), readable by all.
 LAYERS = ["stats", "memmap", "server", "quality", "needle", "load", "run", "probes", "verdict", "report",
           "evaluate", "cli"]
-UPWARD_ALLOWED = {("kvprobe.probes", "kvprobe.verdict.checks")}
 LEAVES = {"kvprobe.probes"}  # the registry: imports nothing from kvprobe at run time but config/run types
 
 
@@ -133,7 +130,7 @@ def test_the_cycle_finder_finds_a_deferred_cycle() -> None:
 
 def test_the_walk_sees_function_level_and_type_checking_imports() -> None:
     assert "kvprobe.server.client" in GRAPH["kvprobe.server.tokens"]  # under TYPE_CHECKING
-    assert "kvprobe.verdict.checks" in GRAPH["kvprobe.probes.load"]  # inside a function
+    assert "kvprobe.verdict.design" in GRAPH["kvprobe.evaluate.plan"]  # inside a function
 
 
 def test_no_import_cycle_inside_kvprobe() -> None:
@@ -163,8 +160,7 @@ def test_data_flows_one_way_between_the_stages() -> None:
             stage = _stage(target)
             if stage is None or stage == own or target in LEAVES:
                 continue
-            allowed = any(module.startswith(a) and target.startswith(b) for a, b in UPWARD_ALLOWED)
-            if LAYERS.index(stage) > LAYERS.index(own) and not allowed:
+            if LAYERS.index(stage) > LAYERS.index(own):
                 upward.append(f"{module} -> {target}")
     assert upward == []
 

@@ -33,6 +33,7 @@ from kvprobe.server.client import Client
 from kvprobe.server.inventory import NOT_TAKEN, Inventory, take_inventories
 from kvprobe.server.pin import check_pin
 from kvprobe.verdict.build import write_verdict
+from kvprobe.verdict.checks import live_checks
 from kvprobe.verdict.sign import SigningKey, sign_file
 
 
@@ -269,7 +270,7 @@ async def run_eval(
         pin = check_pin(invs[ref], [invs[c.name] for c in config.candidates], config.knob)
         run.event("pin", **pin.to_dict())
         ctx = EvalContext(config, run, clients, invs, pin, console, deadline=deadline,
-                          reporter=TerminalReporter(console, ref, config.bars))
+                          reporter=TerminalReporter(console, ref, config.bars), judge=live_checks)
 
         cannot_start = _cannot_start(inventories, probes)
         if cannot_start:

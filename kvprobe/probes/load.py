@@ -367,11 +367,13 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
 
 
 def _standing(ctx: EvalContext, digest: str, servers: list[str]) -> dict[str, list[dict[str, Any]]]:
-    """Each candidate's speed checks on the blocks recorded so far: the same checks the verdict runs."""
-    from kvprobe.verdict.checks import live_checks
-
+    """Each candidate's speed checks on the blocks recorded so far: the same checks the verdict runs,
+    handed down as ctx.judge."""
+    if ctx.judge is None:  # no early stop would silently run every candidate to the design's last block
+        raise RuntimeError("load: the run context has no judge: the probe stops its blocks on the verdict's "
+                           "speed checks, which the pipeline hands it (EvalContext.judge)")
     summary = build_summary(ctx, digest, servers)
-    return live_checks("load", summary, ctx.reference, list(summary["servers"]), ctx.config.bars)
+    return ctx.judge("load", summary, ctx.reference, list(summary["servers"]), ctx.config.bars)
 
 
 def _endpoints(checks: list[dict[str, Any]]) -> list[dict[str, Any]]:
