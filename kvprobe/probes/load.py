@@ -22,6 +22,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from kvprobe.config import Config
 from kvprobe.disk import json_digest, mkdir
 from kvprobe.errors import ConfigError, DiskError, KvprobeError, Unreachable
 from kvprobe.load import spec_decode
@@ -37,7 +38,7 @@ from kvprobe.load.workload import (
     measure_chars_per_token,
     shapes_of,
 )
-from kvprobe.run.budget import RESERVE_S
+from kvprobe.run.budget import RESERVE_S, BudgetCost, Speed
 from kvprobe.run.context import EvalContext
 from kvprobe.server.fit import tightest, written
 from kvprobe.stats.client_limit import limited
@@ -501,3 +502,20 @@ async def _run_blocks(ctx: EvalContext, shapes: list[Shape], digest: str, run_no
             block += 1
             if block in design.looks:
                 _say_look(ctx, digest, servers, open_, progress)
+
+
+def budget_cost(config: Config, servers: int, speed: Speed, max_model_len: int) -> BudgetCost:
+    """Requests per case over the blocks to the design's first look on every server, `agents` at a time;
+    each request is `turns` turns that prefill the conversation so far and decode an answer. Fixed: each
+    block's settle pause and the warm-up. --budget grows the requests per case up to [load]
+    requests_per_case (8 when unset); the probe itself starts no block past the deadline."""
+    load = config.load
+    first_look = of_settings(load).looks[0]
+    turn_tokens = load.system_tokens + load.tokens_per_turn * (load.turns + 1) / 2
+    per_request = load.turns * (turn_tokens / speed.prompt_tokens_per_s
+                                + load.max_output_tokens * speed.s_per_decoded_token)
+    return BudgetCost(servers * first_look * per_request / min(load.agents), least=2,
+                      most=load.requests_per_case or 8,
+                      resize=lambda n: ({"load": load.model_copy(update={"requests_per_case": n})},
+                                        {"requests per case": n, "blocks": f"up to {load.blocks}"}),
+                      fixed_s=servers * (first_look * load.settle_s + (per_request if load.warmup else 0)))
