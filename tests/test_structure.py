@@ -1,5 +1,6 @@
 """The package's shape, held by tests: no import cycle at any level, a root that holds only the
-foundation, data flowing one way between the stage packages, and one list of probes.
+foundation, data flowing one way between the stage packages, and one list of probes that every
+per-probe table follows.
 
 Imports are read from the source (an AST walk), so a function-level import or one under
 TYPE_CHECKING counts like any other: a cycle that works only because an import is deferred is
@@ -20,7 +21,11 @@ from pathlib import Path
 import pytest
 
 import kvprobe
+from kvprobe.config import Config, parse_config
+from kvprobe.evaluate.plan import WHOLE_SIZE
 from kvprobe.probes import ORDER, PROBES, default_probes, help_text
+from kvprobe.run.budget import BudgetCost, Speed
+from kvprobe.verdict.checks import RULES3_PROBES
 from kvprobe.verdict.evidence import READERS
 
 PACKAGE = Path(kvprobe.__file__).parent
@@ -32,12 +37,10 @@ ROOT_MODULES = {"__init__", "errors", "settings", "config", "knob", "disk", "cor
 FOUNDATION = ROOT_MODULES - {"__init__"}
 
 # Stage packages, lowest first: a module may import from its own package, the foundation, and any
-# package listed before its own. `probes` may import `verdict.checks` alone from above: the load probe
-# stops its paired blocks when the speed check is settled (the sequential design), judged by the same
-# function the verdict uses. kvprobe.probes/__init__ is a leaf (the registry), readable by all.
+# package listed before its own. kvprobe.probes/__init__ is a leaf (the registry), readable by the probes
+# and every stage above them.
 LAYERS = ["stats", "memmap", "server", "quality", "needle", "load", "run", "probes", "verdict", "report",
           "evaluate", "cli"]
-UPWARD_ALLOWED = {("kvprobe.probes", "kvprobe.verdict.checks")}
 LEAVES = {"kvprobe.probes"}  # the registry: imports nothing from kvprobe at run time but config/run types
 
 
@@ -133,7 +136,7 @@ def test_the_cycle_finder_finds_a_deferred_cycle() -> None:
 
 def test_the_walk_sees_function_level_and_type_checking_imports() -> None:
     assert "kvprobe.server.client" in GRAPH["kvprobe.server.tokens"]  # under TYPE_CHECKING
-    assert "kvprobe.verdict.checks" in GRAPH["kvprobe.probes.load"]  # inside a function
+    assert "kvprobe.verdict.design" in GRAPH["kvprobe.evaluate.plan"]  # inside a function
 
 
 def test_no_import_cycle_inside_kvprobe() -> None:
@@ -163,10 +166,28 @@ def test_data_flows_one_way_between_the_stages() -> None:
             stage = _stage(target)
             if stage is None or stage == own or target in LEAVES:
                 continue
-            allowed = any(module.startswith(a) and target.startswith(b) for a, b in UPWARD_ALLOWED)
-            if LAYERS.index(stage) > LAYERS.index(own) and not allowed:
+            if LAYERS.index(stage) > LAYERS.index(own):
                 upward.append(f"{module} -> {target}")
     assert upward == []
+
+
+def test_nothing_below_the_probes_reads_the_registry() -> None:
+    # run/ is what every probe is handed (the context, the store, the budget's generic parts): a table of
+    # probes kept there or lower is one a new probe is never added to. Each probe's module models its own
+    # cost; kvprobe.evaluate.budget walks the registry.
+    below = LAYERS[: LAYERS.index("probes")]
+    found = [f"{module} -> {target}" for module, targets in GRAPH.items() if _stage(module) in below
+             for target in targets if target.startswith("kvprobe.probes")]
+    assert found == []
+
+
+def test_the_verdict_imports_no_engine() -> None:
+    # `kvprobe verify` re-derives a verdict from recorded numbers; a rule an engine applies too (whether the
+    # client limited a load case) sits in stats/, below both.
+    engines = {"quality", "needle", "load"}
+    found = [f"{module} -> {target}" for module, targets in GRAPH.items() if _stage(module) == "verdict"
+             for target in targets if _stage(target) in engines]
+    assert found == []
 
 
 def test_nothing_below_the_cli_imports_it_and_the_testbed_is_no_product_dependency() -> None:
@@ -193,15 +214,40 @@ def test_one_list_of_probes() -> None:
     assert "fill" in help_text() and "tasks" in help_text()
 
 
+def test_every_per_probe_table_follows_the_registry() -> None:
+    """A sized probe models its own cost (budget_cost) and no other probe has one; what orders the budget's
+    growth and re-plans is a sized probe; every table keyed by probe names only registered ones."""
+    sized = {name for name, probe in PROBES.items() if probe.budget == "sized"}
+    for name, probe in PROBES.items():
+        assert (probe.budget_cost is not None) == (name in sized), f"{name}: budget {probe.budget!r}"
+    assert {name for name, probe in PROBES.items() if probe.grow_rank is not None or probe.replans} <= sized
+    ranks = [probe.grow_rank for probe in PROBES.values() if probe.grow_rank is not None]
+    assert len(ranks) == len(set(ranks)), "grow ranks order the growth: no two alike"
+    assert set(WHOLE_SIZE) <= sized, "kvprobe check sizes a probe in its budget_cost's units"
+    assert set(RULES3_PROBES) <= set(PROBES)
+
+
+TWO_SERVERS = parse_config({"server": [{"name": "a", "url": "http://127.0.0.1:1", "role": "reference"},
+                                      {"name": "b", "url": "http://127.0.0.1:2"}]})
+
+
 @pytest.mark.parametrize("name", list(PROBES))
 def test_every_probe_module_fills_the_seam(name: str) -> None:
     module = PROBES[name].module()
     assert inspect.iscoroutinefunction(module.run), f"{name}.run must be async"
     assert list(inspect.signature(module.run).parameters) == ["ctx"], f"{name}.run takes the EvalContext only"
-    for hook in ("preflight", "cannot_run"):
+    for hook in ("preflight", "cannot_run", "budget_cost"):
         if (fn := getattr(module, hook, None)) is not None:
             assert not inspect.iscoroutinefunction(fn), f"{name}.{hook} runs before any request: no await"
+    for hook in ("preflight", "cannot_run"):
+        if (fn := getattr(module, hook, None)) is not None:
             assert len(inspect.signature(fn).parameters) == 1, f"{name}.{hook} takes one argument"
+    if (cost := getattr(module, "budget_cost", None)) is not None:
+        assert list(inspect.signature(cost).parameters) == ["config", "servers", "speed", "max_model_len"], name
+        priced = cost(TWO_SERVERS, 2, Speed(1_000.0), 8192)
+        assert isinstance(priced, BudgetCost) and priced.unit_s > 0 and priced.least >= 1, name
+        sections, size = priced.resize(priced.least)
+        assert set(sections) <= set(Config.model_fields) and size, f"{name}: resized into servers.toml's tables"
 
 
 @pytest.mark.parametrize("name", ["Client", "RunDir", "PROBES", "write_verdict", "run_eval"])

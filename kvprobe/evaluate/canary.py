@@ -40,7 +40,7 @@ def _smaller(current: Any, fast: Any) -> Any:
 
 def canary_config(config: Config, budgeted: bool = False) -> Config:
     """`budgeted`: passages and needles keep the config's own counts, as the most a --budget may grow
-    them to (kvprobe.run.budget sizes them); agreement and the load shape are the canary's either way."""
+    them to (kvprobe.evaluate.budget sizes them); agreement and the load shape are the canary's either way."""
     def shrink(settings: Any, fast: dict[str, Any], **fixed: Any) -> Any:
         # Built with the operator's own fields_set: model_copy would mark the canary's sizes as written in
         # servers.toml, and a probe whose kvprobe defaults do not fit the servers would then stop the run

@@ -33,6 +33,7 @@ from kvprobe.server.client import Client
 from kvprobe.server.inventory import NOT_TAKEN, Inventory, take_inventories
 from kvprobe.server.pin import check_pin
 from kvprobe.verdict.build import write_verdict
+from kvprobe.verdict.checks import live_checks
 from kvprobe.verdict.sign import SigningKey, sign_file
 
 
@@ -254,7 +255,7 @@ async def run_eval(
     deadline: float | None = None,
     advise: bool = True,
 ) -> EvalOutcome:
-    """`deadline`: the canary's --budget ends then (time.monotonic(); kvprobe.run.budget). `advise`: say which
+    """`deadline`: the canary's --budget ends then (time.monotonic(); kvprobe.evaluate.budget). `advise`: say which
     bars the planned sizes cannot pass (not for the canary, whose small sizes are its point)."""
     _write_run_json(run, config, probes, resume, left_out)
     for name in ordered(probes):  # before any server is asked anything
@@ -269,7 +270,7 @@ async def run_eval(
         pin = check_pin(invs[ref], [invs[c.name] for c in config.candidates], config.knob)
         run.event("pin", **pin.to_dict())
         ctx = EvalContext(config, run, clients, invs, pin, console, deadline=deadline,
-                          reporter=TerminalReporter(console, ref, config.bars))
+                          reporter=TerminalReporter(console, ref, config.bars), judge=live_checks)
 
         cannot_start = _cannot_start(inventories, probes)
         if cannot_start:
@@ -295,7 +296,7 @@ class _Budget:
         self.requested = list(requested)
 
     def plan(self, probes: list[str], scale: float = 1.0, source: str | None = None) -> None:
-        from kvprobe.run.budget import plan_budget
+        from kvprobe.evaluate.budget import plan_budget
 
         left = self.deadline - time.monotonic()
         self.ctx.config, plan = plan_budget(self.most, probes, self.inventories, left, self.max_model_len, scale)

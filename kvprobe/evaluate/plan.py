@@ -13,13 +13,16 @@ max_position_embeddings (the most a server of that model serves); with none of t
 checked, and the plan says so.
 
 The time is rough and says so: without a first-prefill smoke there is no measured speed, so each probe
-is costed with kvprobe.run.budget's model at two assumed speeds, a fast GPU's and the demo's 2-core CPU box.
+is costed at two assumed speeds, a fast GPU's and the demo's 2-core CPU box: a probe the canary's --budget
+sizes by its own cost model (its module's budget_cost) at its whole configured size, the load probe over
+its whole design.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,13 +31,14 @@ from urllib.parse import urlparse
 from kvprobe.config import Config, NeedleSettings, Server
 from kvprobe.errors import ConfigError, KvprobeError, NotModelled, ServerError
 from kvprobe.probes import PROBES, default_probes, ordered
+from kvprobe.run.budget import Speed
 
 # Assumed speeds for the rough time. The slow end is the demo trio's 2-core CPU box: its slowest
 # first-prefill smoke (1,033 prompt tokens/s) and ~30 ms a decoded answer token with the other servers
 # busy on the same cores (kvprobe.run.budget). The fast end is a GPU: 20,000 prompt tokens/s is assumed for a
 # small model; ~5 ms a token is what the H200's single-agent load cases took (tests/fixtures/runs/h200-gpu).
-FAST = (20_000.0, 0.005)
-SLOW = (1_000.0, 0.03)
+FAST = Speed(20_000.0, 0.005)
+SLOW = Speed(1_000.0, 0.03)
 # Load decodes in batches on servers taking turns: the AVX2-only EPYC's single-agent cases took ~9 ms a
 # token (tests/fixtures/runs/amd-avx2-demo), not the 30 ms of answers decoded beside other servers' work.
 SLOW_LOAD_DECODE_S = 0.01
@@ -334,33 +338,34 @@ def _load_seconds(config: Config, servers: int, rate: float, decode: float) -> t
     return warmup + low, warmup + high
 
 
+# The whole configured size of each probe costed by its own model (budget_cost), in its units.
+WHOLE_SIZE: dict[str, Callable[[Config, dict[str, Any]], int]] = {
+    "perplexity": lambda config, sizes: sizes["perplexity"]["passages"] or 16,
+    "agreement": lambda config, sizes: sizes["agreement"]["passages"],
+    "needle": lambda config, sizes: config.needle.count,
+}
+
+
 def _seconds(config: Config, probes: list[str], sizes: dict[str, Any], servers: int, max_model_len: int,
-             speed: tuple[float, float], slow: bool) -> dict[str, float]:
-    """Seconds per probe at one assumed speed: kvprobe.run.budget's model of each probe's cost (prefill tokens
-    over the servers, a decode allowance per answer), with the decode speed a parameter, and the whole
-    configured size rather than the canary's."""
-    from kvprobe.run.budget import NEEDLE_ANSWER_TOKENS, PASSAGE_TOKENS
+             speed: Speed, slow: bool) -> dict[str, float]:
+    """Seconds per probe at one assumed speed, the whole configured size rather than the canary's: the
+    probes' own cost models (prefill tokens over the servers, a decode allowance per answer), task
+    documents costed like needles, and the load probe over its design."""
+    from kvprobe.probes.needle import NEEDLE_ANSWER_TOKENS
 
     rate, decode = speed
-    passes = servers + config.perplexity.reference_repeats - 1
     smoke = config.smoke
     out = {"inventory": max_model_len * smoke.prompt_fraction / rate + smoke.max_tokens * decode}
-    if "perplexity" in probes:
-        passages = sizes["perplexity"]["passages"] or 16
-        out["perplexity"] = passages * passes * min(PASSAGE_TOKENS, max_model_len) / rate
-    if "agreement" in probes:
-        out["agreement"] = sizes["agreement"]["passages"] * passes * config.agreement.max_tokens_per_passage / rate
-    answer = NEEDLE_ANSWER_TOKENS * decode
-    if "needle" in probes:
-        n = config.needle
-        mean_length = (n.min_length + max_model_len - n.max_tokens) / 2
-        out["needle"] = n.count * servers * (mean_length / rate + answer) / n.concurrency
-    if "tasks" in probes:
-        documents = sum((sizes["tasks"]["documents"] or {}).values()) or 40 * len(config.tasks.names)
-        out["tasks"] = documents * servers * (TASK_PROMPT_TOKENS / rate + answer) / config.tasks.num_concurrent
-    if "load" in probes:
-        load_decode = SLOW_LOAD_DECODE_S if slow else decode
-        out["load"] = _load_seconds(config, servers, rate, load_decode)[1 if slow else 0]
+    for probe in probes:
+        if probe in WHOLE_SIZE and (cost := PROBES[probe].budget_cost) is not None:
+            out[probe] = cost(config, servers, speed, max_model_len).seconds(WHOLE_SIZE[probe](config, sizes))
+        elif probe == "tasks":
+            documents = sum((sizes["tasks"]["documents"] or {}).values()) or 40 * len(config.tasks.names)
+            answer = NEEDLE_ANSWER_TOKENS * decode
+            out["tasks"] = documents * servers * (TASK_PROMPT_TOKENS / rate + answer) / config.tasks.num_concurrent
+        elif probe == "load":
+            load_decode = SLOW_LOAD_DECODE_S if slow else decode
+            out["load"] = _load_seconds(config, servers, rate, load_decode)[1 if slow else 0]
     return out
 
 

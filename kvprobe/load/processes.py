@@ -321,7 +321,7 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
 
 def merge_client(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     """The case's client figures over its processes: the worst process's, since any one of them
-    running late moves the case's p99s (kvprobe.load.client_load.limited reads these keys)."""
+    running late moves the case's p99s (kvprobe.stats.client_limit.limited reads these keys)."""
     def worst(key: str) -> float | None:
         values = [s[key] for s in summaries if isinstance(s.get(key), int | float)]
         return max(values) if values else None

@@ -23,9 +23,6 @@ if TYPE_CHECKING:  # a type only: verify reads these rules without the HTTP stac
 
 Status = Literal["ok", "incomplete", "error"]
 
-# The p99 latencies a candidate is held to (p99_latency_rise_max), as load.json names them.
-P99_KEYS = (("ttft_p99_s", "TTFT p99"), ("itl_p99_s", "ITL p99"), ("e2e_p99_s", "E2E p99"))
-
 
 def _r(x: float | None) -> float | None:
     return None if x is None else round(float(x), 6)

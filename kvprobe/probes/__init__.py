@@ -7,7 +7,9 @@ it to ctx.reporter as it ends. Optionally `preflight(config)`, checked before an
 anything, and `cannot_run(view) -> str | None`, asked after the inventory and before any probe runs
 (kvprobe.evaluate.orchestrate's fit phase): why the probe cannot run on these servers at kvprobe's
 default settings, or None when it fits; it raises ConfigError when a setting the operator wrote does
-not fit.
+not fit. A probe the canary's --budget sizes has `budget_cost(config, servers, speed, max_model_len)`:
+its own cost model (kvprobe.run.budget.BudgetCost), which kvprobe.evaluate.budget spends the time by
+and `kvprobe check` estimates with.
 
 PROBES below is the only place the probes are named: their run order, which run by default, which
 verdict axis they feed, and how the canary's --budget sizes them. Adding a probe is one module and one
@@ -25,14 +27,16 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 if TYPE_CHECKING:
     from kvprobe.config import Config
+    from kvprobe.run.budget import BudgetCost, Speed
     from kvprobe.run.context import EvalContext
 
 Axis = Literal["capacity", "quality", "speed", "serving"]
 
 
 class ProbeModule(Protocol):
-    """The seam a probe module fills. `preflight(config)` and `cannot_run(view)` are optional hooks, so a
-    Protocol cannot name them; tests/test_structure.py holds every module to their one-argument shape."""
+    """The seam a probe module fills. `preflight(config)`, `cannot_run(view)` and `budget_cost(config,
+    servers, speed, max_model_len)` are optional hooks, so a Protocol cannot name them;
+    tests/test_structure.py holds every module to their shape, and a sized probe to having budget_cost."""
 
     async def run(self, ctx: EvalContext) -> dict[str, Any]: ...
 
@@ -44,7 +48,8 @@ class Probe:
     axis: Axis  # the verdict axis its checks feed
     default: bool | Literal["when_configured"]  # tasks: on when servers.toml has a [tasks] table
     needs: tuple[str, ...] = ()  # what it asks of a server beyond the inventory
-    budget: Literal["free", "sized", "none"] = "sized"  # the canary's --budget: no cost / sized to fit / not planned
+    # The canary's --budget: no cost / sized to fit, by its module's budget_cost / not planned.
+    budget: Literal["free", "sized", "none"] = "sized"
     grow_rank: int | None = None  # --budget grows sized probes in this order while time is left
     replans: bool = False  # --budget re-plans what is left from the time this probe took
 
@@ -66,6 +71,10 @@ class Probe:
     @property
     def cannot_run(self) -> Callable[[Any], str | None] | None:
         return getattr(self.module(), "cannot_run", None)
+
+    @property
+    def budget_cost(self) -> Callable[[Config, int, Speed, int], BudgetCost] | None:
+        return getattr(self.module(), "budget_cost", None)
 
     def on_by_default(self, config: Config | None) -> bool:
         if self.default == "when_configured":

@@ -28,8 +28,11 @@ from kvprobe.probes.perplexity import is_server_failure, one_line, ordered_activ
 from kvprobe.quality.divergence import Comparison, TopK, compare, parse_prompt_logprobs
 from kvprobe.quality.own_data import task_source
 from kvprobe.quality.passages import split_ids
+from kvprobe.run.budget import BudgetCost
 
 if TYPE_CHECKING:
+    from kvprobe.config import Config
+    from kvprobe.run.budget import Speed
     from kvprobe.run.context import EvalContext
     from kvprobe.server.client import Client
 
@@ -194,6 +197,14 @@ def _common_max_model_len(ctx: EvalContext, names: list[str]) -> int:
         raise ConfigError([f"{n}: max_model_len unknown (/v1/models has none): agreement needs it" for n in names
                            if not ctx.inventories[n].max_model_len])
     return max_model_len
+
+
+def budget_cost(config: Config, servers: int, speed: Speed, max_model_len: int) -> BudgetCost:
+    """A passage's windows are prefilled once per server and again per extra reference repeat. The canary
+    asks one passage whatever its budget (kvprobe.evaluate.canary), so --budget never grows it."""
+    passes = servers + config.perplexity.reference_repeats - 1
+    return BudgetCost(passes * config.agreement.max_tokens_per_passage / speed.prompt_tokens_per_s, least=1,
+                      most=1, resize=lambda n: ({}, {"passages": n}))
 
 
 async def run(ctx: EvalContext) -> dict[str, Any]:

@@ -23,11 +23,10 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from kvprobe.config import LoadSettings
+from kvprobe.config import Config, LoadSettings
 from kvprobe.disk import json_digest, mkdir
 from kvprobe.errors import ConfigError, DiskError, KvprobeError, Unreachable
 from kvprobe.load import spec_decode
-from kvprobe.load.client_load import limited
 from kvprobe.load.generator import CaseOutcome, CaseRunner
 from kvprobe.load.processes import START_DELAY_S, ShardJob, Workers, merge_client, processes_for, read_rows
 from kvprobe.load.sampler import MetricsSampler
@@ -43,9 +42,10 @@ from kvprobe.load.workload import (
     measure_chars_per_token,
     shapes_of,
 )
-from kvprobe.run.budget import RESERVE_S
+from kvprobe.run.budget import RESERVE_S, BudgetCost, Speed
 from kvprobe.run.context import EvalContext
 from kvprobe.server.fit import tightest, written
+from kvprobe.stats.client_limit import limited
 from kvprobe.stats.sequential import of_settings, williams
 
 # What the speed design declares before the run (recorded in load.json and the verdict's evidence).
@@ -403,11 +403,13 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
 
 
 def _standing(ctx: EvalContext, digest: str, servers: list[str]) -> dict[str, list[dict[str, Any]]]:
-    """Each candidate's speed checks on the blocks recorded so far: the same checks the verdict runs."""
-    from kvprobe.verdict.checks import live_checks
-
+    """Each candidate's speed checks on the blocks recorded so far: the same checks the verdict runs,
+    handed down as ctx.judge."""
+    if ctx.judge is None:  # no early stop would silently run every candidate to the design's last block
+        raise RuntimeError("load: the run context has no judge: the probe stops its blocks on the verdict's "
+                           "speed checks, which the pipeline hands it (EvalContext.judge)")
     summary = build_summary(ctx, digest, servers)
-    return live_checks("load", summary, ctx.reference, list(summary["servers"]), ctx.config.bars)
+    return ctx.judge("load", summary, ctx.reference, list(summary["servers"]), ctx.config.bars)
 
 
 def _endpoints(checks: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -602,3 +604,20 @@ def _plan(ctx: EvalContext, digest: str, blocks: _Blocks, pilot_s: float) -> Cas
                       margin=-math.log1p(-ctx.config.bars.throughput_drop_max), max_blocks=settings.max_blocks,
                       look_every=settings.look_every, budget_s=left,
                       resize=not written(settings, "duration_s", "requests_per_case"))
+
+
+def budget_cost(config: Config, servers: int, speed: Speed, max_model_len: int) -> BudgetCost:
+    """Requests per case over the blocks to the design's first look on every server, `agents` at a time;
+    each request is `turns` turns that prefill the conversation so far and decode an answer. Fixed: each
+    block's settle pause and the warm-up. --budget grows the requests per case up to [load]
+    requests_per_case (8 when unset); the probe itself starts no block past the deadline."""
+    load = config.load
+    first_look = of_settings(load).looks[0]
+    turn_tokens = load.system_tokens + load.tokens_per_turn * (load.turns + 1) / 2
+    per_request = load.turns * (turn_tokens / speed.prompt_tokens_per_s
+                                + load.max_output_tokens * speed.s_per_decoded_token)
+    return BudgetCost(servers * first_look * per_request / min(load.agents), least=2,
+                      most=load.requests_per_case or 8,
+                      resize=lambda n: ({"load": load.model_copy(update={"requests_per_case": n})},
+                                        {"requests per case": n, "blocks": f"up to {load.blocks}"}),
+                      fixed_s=servers * (first_look * load.settle_s + (per_request if load.warmup else 0)))

@@ -9,7 +9,7 @@ event as it finishes; a rerun into the same directory skips (server, case) pairs
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -20,12 +20,19 @@ from kvprobe.needle.plan import build_cases, cap_misfit, fingerprint, grid, prom
 from kvprobe.needle.scoring import score
 from kvprobe.needle.summary import paired, server_summary
 from kvprobe.needle.tokens import Encoder, ServerEncoder, load_tiktoken
+from kvprobe.run.budget import BudgetCost
 from kvprobe.run.context import EvalContext
 from kvprobe.server.client import Generation
 from kvprobe.server.fit import tightest, written
 from kvprobe.server.untrusted import optional_count
 
+if TYPE_CHECKING:
+    from kvprobe.config import Config
+    from kvprobe.run.budget import Speed
+
 EVENT = "needle_case"
+# Measured on the demo trio (needle-llama): a needle answer is ~60 decoded tokens.
+NEEDLE_ANSWER_TOKENS = 64
 CASES_FILE = "needle/cases.json"
 # needle.json lists these per case (the identifying fields first, then what a reader needs to judge it).
 CASE_FIELDS = ("id", "length_tokens", "depth_tokens", "server", "status", "found_in",
@@ -191,6 +198,18 @@ def cannot_run(ctx: EvalContext) -> str | None:
         return misfit.reason()
     prompt_room(settings, contexts)
     return None
+
+
+def budget_cost(config: Config, servers: int, speed: Speed, max_model_len: int) -> BudgetCost:
+    """A needle prompt of the mean length that fits (min_length up to max_model_len less the answer cap)
+    and its answer on every server, `concurrency` at a time; --budget grows the needles up to [needle]
+    count, from two."""
+    settings = config.needle
+    length = (settings.min_length + max_model_len - settings.max_tokens) / 2
+    answer_s = NEEDLE_ANSWER_TOKENS * speed.s_per_decoded_token
+    return BudgetCost(servers * (length / speed.prompt_tokens_per_s + answer_s) / settings.concurrency, least=2,
+                      most=settings.count,
+                      resize=lambda n: ({"needle": settings.model_copy(update={"count": n})}, {"needles": n}))
 
 
 async def run(ctx: EvalContext) -> dict[str, Any]:

@@ -29,10 +29,16 @@ from kvprobe.errors import ServerError, one_line
 from kvprobe.quality.own_data import task_source
 from kvprobe.quality.passages import PassagePlan, plan_passage
 from kvprobe.quality.perplexity_stats import UNIT_FIELD, DocRow, perplexities
+from kvprobe.run.budget import BudgetCost
 
 if TYPE_CHECKING:
+    from kvprobe.config import Config
     from kvprobe.quality.lmeval import Target
+    from kvprobe.run.budget import Speed
     from kvprobe.run.context import EvalContext
+
+# Measured on the demo trio (needle-llama): a shipped perplexity passage is ~2,700 tokens.
+PASSAGE_TOKENS = 2_700
 
 
 def ordered_active(ctx: EvalContext) -> list[str]:
@@ -270,6 +276,16 @@ def _say_windows(ctx: EvalContext, plans: list[PassagePlan], max_length: int, pr
     if not any(p.crossed_chunk for p in plans):
         ctx.console.print(f"[yellow]perplexity: no passage is longer than one prefill chunk "
                           f"({prefill_chunk_tokens:,} tokens)[/yellow]")
+
+
+def budget_cost(config: Config, servers: int, speed: Speed, max_model_len: int) -> BudgetCost:
+    """A passage is prefilled once per server and again per extra reference repeat; --budget grows the
+    passages up to [perplexity] limit (16 when unset)."""
+    settings = config.perplexity
+    passes = servers + settings.reference_repeats - 1
+    return BudgetCost(passes * min(PASSAGE_TOKENS, max_model_len) / speed.prompt_tokens_per_s, least=1,
+                      most=settings.limit or 16,
+                      resize=lambda n: ({"perplexity": settings.model_copy(update={"limit": n})}, {"passages": n}))
 
 
 async def run(ctx: EvalContext) -> dict[str, Any]:

@@ -1,9 +1,10 @@
-"""`kvprobe canary --budget 5m`: size the canary's subset to the time it has, and stop there.
+"""`kvprobe canary --budget 5m`: the generic parts of sizing the canary's subset to the time it has.
 
 Sizing uses the first-prefill smoke's measured speed: the slowest server's prompt tokens per second
-(the smoke is each server's first long request, so the estimate errs long). Each probe's cost is
-modelled in prefill tokens over the servers it runs on, plus a per-answer decode allowance; the
-minimum subset goes first, what is left is spread over perplexity passages, needles and load requests.
+(the smoke is each server's first long request, so the estimate errs long). Each probe models its own
+cost in its module (`budget_cost`, a BudgetCost: prefill tokens over the servers it runs on, plus a
+per-answer decode allowance, in the units it is sized by); kvprobe.evaluate.budget spends the time on
+them: the minimum subset first, what is left over perplexity passages, needles and load requests.
 A hard deadline backs the estimate: a probe still running at the budget is cancelled, recorded as cut
 (its events stay on disk), later probes are not started, and the verdict says what was not measured.
 """
@@ -11,19 +12,18 @@ A hard deadline backs the estimate: a probe still running at the budget is cance
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from kvprobe.config import Config
 from kvprobe.errors import ConfigError
-from kvprobe.probes import PROBES, ordered
-from kvprobe.server.inventory import Inventory
 
-# Measured on the demo trio (needle-llama, 2 cores): a shipped perplexity passage is ~2,700 tokens,
-# a needle answer ~60 decoded tokens, and decode runs ~30 ms a token while other servers share the CPU.
-PASSAGE_TOKENS = 2_700
+if TYPE_CHECKING:  # a type only: `kvprobe check` costs probes with no server client loaded
+    from kvprobe.server.inventory import Inventory
+
+# Measured on the demo trio (needle-llama, 2 cores): decode runs ~30 ms a token while other servers
+# share the CPU.
 DECODE_S_PER_TOKEN = 0.03
-NEEDLE_ANSWER_TOKENS = 64
 # Verdict, signature, reports and their plots after the last probe: ~5-10 s on a busy 2-core box.
 RESERVE_S = 12.0
 RESERVE_SHARE = 0.05
@@ -49,6 +49,36 @@ def parse_budget(text: str) -> float:
     return seconds
 
 
+class Speed(NamedTuple):
+    """How fast the servers are taken to be: measured (the smoke's prompt rate) or assumed (kvprobe check)."""
+
+    prompt_tokens_per_s: float
+    s_per_decoded_token: float = DECODE_S_PER_TOKEN
+
+
+# A size applied: the config sections that run it (servers.toml's tables by name) and the size as the
+# plan says it ({"passages": 4}).
+Resized = tuple[dict[str, Any], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class BudgetCost:
+    """One probe's cost at one speed, in the units --budget sizes it by (a passage, a needle, a request
+    per case): what its module's `budget_cost(config, servers, speed, max_model_len)` hook returns."""
+
+    unit_s: float  # seconds per unit
+    least: int  # the smallest useful size
+    most: int  # the most --budget grows it to
+    resize: Callable[[int], Resized]  # a size -> the config that runs it
+    fixed_s: float = 0.0  # seconds whatever the size: settle pauses, warm-up
+
+    def seconds(self, units: int) -> float:
+        return units * self.unit_s + self.fixed_s
+
+    def scaled(self, scale: float) -> BudgetCost:
+        return replace(self, unit_s=self.unit_s * scale, fixed_s=self.fixed_s * scale)
+
+
 @dataclass
 class BudgetPlan:
     seconds: float
@@ -56,6 +86,7 @@ class BudgetPlan:
     probes: list[str]
     estimates: dict[str, float] = field(default_factory=dict)
     left_out: list[str] = field(default_factory=list)  # probes the budget cannot hold
+    unpriced: list[str] = field(default_factory=list)  # of left_out: sized, but their module models no cost
     sizes: dict[str, dict[str, Any]] = field(default_factory=dict)
     source: str = ""
     scale: float = 1.0  # measured time / modelled time, from the probes done so far
@@ -68,13 +99,17 @@ class BudgetPlan:
         rate = f"{self.rate:,.0f} prompt tokens/s (the slowest first-prefill smoke)" if self.rate else "no smoke speed"
         scaled = f", model x{self.scale:.2f} {self.source}" if self.scale != 1.0 else ""
         text = f"budget {self.seconds:.0f}s from {rate}{scaled}: " + "; ".join(parts)
-        if self.left_out:
-            text += f"; left out (no time): {', '.join(self.left_out)}"
+        no_time = [p for p in self.left_out if p not in self.unpriced]
+        if no_time:
+            text += f"; left out (no time): {', '.join(no_time)}"
+        if self.unpriced:
+            text += f"; left out (no cost model, no budget_cost in its module): {', '.join(self.unpriced)}"
         return text
 
     def to_dict(self) -> dict[str, Any]:
         return {"seconds": self.seconds, "rate": self.rate, "scale": self.scale, "probes": self.probes,
-                "estimates": self.estimates, "left_out": self.left_out, "sizes": self.sizes}
+                "estimates": self.estimates, "left_out": self.left_out, "unpriced": self.unpriced,
+                "sizes": self.sizes}
 
 
 def corrected_scale(plan: BudgetPlan, probe: str, seconds: float) -> float | None:
@@ -90,85 +125,3 @@ def smoke_rate(inventories: list[Inventory]) -> float | None:
     rates = [inv.smoke.prompt_tokens / inv.smoke.seconds for inv in inventories
              if inv.serving and inv.smoke and inv.smoke.ok and inv.smoke.prompt_tokens and inv.smoke.seconds]
     return min(rates) if rates else None
-
-
-def _first_look(config: Config) -> int:
-    from kvprobe.stats.sequential import of_settings
-
-    return of_settings(config.load).looks[0]
-
-
-def _costs(config: Config, servers: int, rate: float, max_model_len: int) -> dict[str, Any]:
-    """Seconds per unit of each probe, and its fixed part."""
-    passes = servers + config.perplexity.reference_repeats - 1
-    needle_len = (config.needle.min_length + max_model_len - config.needle.max_tokens) / 2
-    load = config.load
-    turn_tokens = load.system_tokens + load.tokens_per_turn * (load.turns + 1) / 2
-    per_request = load.turns * (turn_tokens / rate + load.max_output_tokens * DECODE_S_PER_TOKEN)
-    agents = min(load.agents)
-    return {
-        "perplexity": passes * min(PASSAGE_TOKENS, max_model_len) / rate,
-        "agreement": passes * config.agreement.max_tokens_per_passage / rate,
-        "needle": servers * (needle_len / rate + NEEDLE_ANSWER_TOKENS * DECODE_S_PER_TOKEN)
-        / config.needle.concurrency,
-        # Per request, over the blocks to the design's first look and the servers, plus each case's settle
-        # pause and warm-up; the probe stops its blocks at the deadline by itself.
-        "load": servers * _first_look(config) * per_request / agents,
-        "load_fixed": servers * (_first_look(config) * load.settle_s + (per_request if load.warmup else 0)),
-    }
-
-
-def _kind(probe: str) -> str:
-    return PROBES[probe].budget if probe in PROBES else "none"
-
-
-def plan_budget(config: Config, probes: list[str], inventories: list[Inventory], seconds_left: float,
-                max_model_len: int, scale: float = 1.0) -> tuple[Config, BudgetPlan]:
-    """The config resized to what `seconds_left` holds, and the plan that says so. `config` holds the
-    most each probe may grow to; `scale` corrects the model once a probe has shown how far off it is."""
-    servers = sum(1 for inv in inventories if inv.serving)
-    rate = smoke_rate(inventories)
-    plan = BudgetPlan(seconds_left, rate, [p for p in probes if _kind(p) == "free"], scale=scale)
-    if rate is None or servers == 0:
-        plan.left_out = [p for p in probes if p not in plan.probes]
-        return config, plan
-    cost = {k: v * scale for k, v in _costs(config, servers, rate, max_model_len).items()}
-    room = seconds_left * (1 - RESERVE_SHARE) - RESERVE_S
-    units = {"perplexity": 1, "agreement": 1, "needle": 2, "load": 2}  # the smallest useful subset
-    caps = {"perplexity": config.perplexity.limit or 16, "agreement": 1, "needle": config.needle.count,
-            "load": (config.load.requests_per_case or 8)}
-
-    def spent(p: str) -> float:
-        return units[p] * cost[p] + (cost["load_fixed"] if p == "load" else 0.0)
-
-    for p in [p for p in ordered(probes) if _kind(p) == "sized"]:
-        if spent(p) <= room:
-            plan.probes.append(p)
-            room -= spent(p)
-        else:
-            plan.left_out.append(p)
-    # Grow the probes that gain most from size in turn (grow_rank), one unit at a time, while time is left.
-    growing = sorted((p for p in plan.probes if p in PROBES and PROBES[p].grow_rank is not None),
-                     key=lambda p: PROBES[p].grow_rank or 0)
-    while growing:
-        for p in list(growing):
-            if units[p] < caps[p] and cost[p] <= room:
-                units[p] += 1
-                room -= cost[p]
-            else:
-                growing.remove(p)
-    update: dict[str, Any] = {}
-    if "perplexity" in plan.probes:
-        update["perplexity"] = config.perplexity.model_copy(update={"limit": units["perplexity"]})
-        plan.sizes["perplexity"] = {"passages": units["perplexity"]}
-    if "needle" in plan.probes:
-        update["needle"] = config.needle.model_copy(update={"count": units["needle"]})
-        plan.sizes["needle"] = {"needles": units["needle"]}
-    if "load" in plan.probes:
-        update["load"] = config.load.model_copy(update={"requests_per_case": units["load"]})
-        plan.sizes["load"] = {"requests per case": units["load"], "blocks": f"up to {config.load.blocks}"}
-    if "agreement" in plan.probes:
-        plan.sizes["agreement"] = {"passages": 1}
-    for p in plan.probes:
-        plan.estimates[p] = spent(p) if p in units else 0.0
-    return config.model_copy(update=update), plan

@@ -1,8 +1,9 @@
-"""What every probe is handed: the config, the open clients, the servers' facts, where to write, and
-the reporter that shows what a probe found as it ends.
+"""What every probe is handed: the config, the open clients, the servers' facts, where to write, the
+reporter that shows what a probe found as it ends, and the judge a probe may stop on.
 
-The reporter is a seam, not an import: the pipeline passes the terminal's (kvprobe.report.live) and a
-probe only calls it, so probes never import kvprobe.report and nothing here draws or prints tables.
+The reporter and the judge are seams, not imports: the pipeline passes the terminal's reporter
+(kvprobe.report.live) and the verdict's checks (kvprobe.verdict.checks.live_checks), and a probe only
+calls them, so probes import neither the report nor the verdict, both above them.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 if TYPE_CHECKING:
-    from kvprobe.config import Config
+    from kvprobe.config import Bars, Config
     from kvprobe.run.store import RunDir
     from kvprobe.server.client import Client
     from kvprobe.server.inventory import Inventory
@@ -31,6 +32,12 @@ class Reporter(Protocol):
     def draw(self, chart: Chart, data: Any, path: Path) -> Path | None:
         """Draw one of a probe's charts into `path`; the file written, or None when there is nothing
         to draw."""
+
+
+class Judge(Protocol):
+    def __call__(self, probe: str, summary: dict[str, Any], reference: str, candidates: list[str],
+                 bars: Bars) -> dict[str, list[dict[str, Any]]]:
+        """Each candidate's checks on a probe's summary so far, as the verdict will judge them."""
 
 
 class SilentReporter:
@@ -58,6 +65,7 @@ class EvalContext:
     warned: set[str] = field(default_factory=set)
     deadline: float | None = None  # the canary's --budget (time.monotonic()): a probe may stop short of it
     reporter: Reporter = field(default_factory=SilentReporter)
+    judge: Judge | None = None  # the load probe stops its blocks when its speed checks are settled
 
     @property
     def reference(self) -> str:

@@ -373,7 +373,7 @@ def load_checks(inputs: dict[str, Any], cand: str, bars: _Bars) -> list[dict[str
 
 def _client_limited(groups: dict[str, list[dict[str, Any]]], bars: _Bars) -> str | None:
     """The first run of this case, on either server, whose client could have moved a p99 by more than
-    a tenth of the bar (kvprobe.load.client_load.limited, on the recorded client figures)."""
+    a tenth of the bar (kvprobe.stats.client_limit.limited, on the recorded client figures)."""
     for name, cases in groups.items():
         for run in (r for case in cases for r in (case.get("repeats") or [case])):
             if not any(k.startswith("client_") and k != "client_limited_why" for k in run):

@@ -24,8 +24,8 @@ from scenarios import trio, wait_quiet
 
 from kvprobe.config import Bars, load_config
 from kvprobe.evaluate.orchestrate import run_eval
-from kvprobe.load.client_load import throughput_effect
 from kvprobe.run.store import RunDir
+from kvprobe.stats.client_limit import throughput_effect
 
 pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(60_000)]  # logged in conftest
 

@@ -121,7 +121,7 @@ def _client(answers: list[bytes]) -> tuple[Client, list[float]]:
 
 
 async def test_quiet_goes_once_every_server_is_idle_for_the_window() -> None:
-    busy_then_idle, scrapes = _client([_metrics(3, 1), _metrics(1, 0)] + [_metrics(0, 0)])
+    busy_then_idle, scrapes = _client([_metrics(3, 1), _metrics(1, 0), _metrics(0, 0)])
     idle, _ = _client([_metrics(0, 0)])
     waited = await quiet([busy_then_idle, idle], cap_s=5.0, quiet_s=0.2, poll_s=0.05)
     assert 0.2 <= waited < 1.0 and len(scrapes) >= 4  # two busy scrapes, then idle for the window

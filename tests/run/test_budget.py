@@ -1,25 +1,11 @@
-"""--budget: sizing the canary from the first-prefill smoke's speed (the real-server check that the
-budget is kept is in tests/integration/test_canary_ci.py)."""
+"""--budget: the durations it is given (the sizing is tests/evaluate/test_budget_plan.py's)."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvprobe.config import parse_config
 from kvprobe.errors import ConfigError
-from kvprobe.evaluate.canary import canary_config
-from kvprobe.run.budget import RESERVE_S, parse_budget, plan_budget
-from kvprobe.server.inventory import Inventory, Smoke
-
-PROBES = ["capacity", "perplexity", "agreement", "needle", "load"]
-CONFIG = canary_config(parse_config({"server": [{"name": "a", "url": "http://127.0.0.1:1", "role": "reference"},
-                                                {"name": "b", "url": "http://127.0.0.1:2"}]}), budgeted=True)
-
-
-def inventories(*rates: float) -> list[Inventory]:
-    # The smoke of the demo trio: 4,096 tokens; seconds set for the given prompt tokens per second.
-    return [Inventory(name=f"s{i}", url="x", max_model_len=8192,
-                      smoke=Smoke(ok=True, prompt_tokens=4096, seconds=4096 / r)) for i, r in enumerate(rates)]
+from kvprobe.run.budget import parse_budget
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("5m", 300), ("90s", 90), ("1h30m", 5400), ("300", 300),
@@ -33,42 +19,3 @@ def test_bad_durations_are_one_line(text: str) -> None:
     with pytest.raises(ConfigError) as err:
         parse_budget(text)
     assert err.value.problems[0].startswith(f"--budget {text!r}: ")
-
-
-def test_the_slowest_smoke_sizes_the_plan_and_more_time_buys_more_samples() -> None:
-    _, fast = plan_budget(CONFIG, PROBES, inventories(3000, 3200), 300, 8192)
-    _, slow = plan_budget(CONFIG, PROBES, inventories(1000, 3200), 300, 8192)
-    assert slow.rate == pytest.approx(1000) and fast.rate == pytest.approx(3000)
-    assert slow.sizes["needle"]["needles"] < fast.sizes["needle"]["needles"]
-    _, longer = plan_budget(CONFIG, PROBES, inventories(1000, 3200), 900, 8192)
-    assert longer.sizes["perplexity"]["passages"] > slow.sizes["perplexity"]["passages"]
-    for plan in (fast, slow, longer):  # what it plans fits in the budget, less the verdict's reserve
-        assert sum(plan.estimates.values()) <= plan.seconds - RESERVE_S
-        assert plan.probes == PROBES and not plan.left_out
-
-
-def test_a_budget_too_small_leaves_probes_out_and_says_so() -> None:
-    _, plan = plan_budget(CONFIG, PROBES, inventories(300, 300), 60, 8192)
-    assert plan.probes[0] == "capacity" and plan.left_out
-    assert plan.describe().endswith("left out (no time): " + ", ".join(plan.left_out))
-    assert "budget 60s from 300 prompt tokens/s" in plan.describe()
-
-
-def test_the_resized_config_is_what_the_probes_get() -> None:
-    config, plan = plan_budget(CONFIG, PROBES, inventories(3000, 3000), 300, 8192)
-    assert config.perplexity.limit == plan.sizes["perplexity"]["passages"]
-    assert config.needle.count == plan.sizes["needle"]["needles"]
-    assert config.load.requests_per_case == plan.sizes["load"]["requests per case"]
-
-
-def test_a_finished_probe_corrects_the_model_within_bounds() -> None:
-    from kvprobe.run.budget import corrected_scale
-
-    _, plan = plan_budget(CONFIG, PROBES, inventories(1000, 1000), 300, 8192)
-    est = plan.estimates["perplexity"]
-    assert corrected_scale(plan, "perplexity", est / 2) == pytest.approx(0.5)
-    assert corrected_scale(plan, "perplexity", est * 100) == 5.0  # one slow probe does not stop the rest
-    assert corrected_scale(plan, "capacity", 3.0) is None  # nothing modelled, nothing learnt
-    _, rescaled = plan_budget(CONFIG, PROBES, inventories(1000, 1000), 300, 8192, scale=0.5)
-    assert rescaled.sizes["needle"]["needles"] > plan.sizes["needle"]["needles"]
-    assert "model x0.50" in rescaled.describe()

@@ -19,9 +19,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from kvprobe.load.client_load import limited, throughput_effect
-from kvprobe.load.stats import P99_KEYS
 from kvprobe.stats import sequential, t_quantile
+from kvprobe.stats.client_limit import P99_KEYS, limited, throughput_effect
 from kvprobe.verdict.checks._common import make_check, not_measured, pct
 
 GUARD_FACTOR = 2.0  # a guardrail fails only past this multiple of its bar

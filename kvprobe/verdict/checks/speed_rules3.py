@@ -14,8 +14,8 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from kvprobe.load.stats import P99_KEYS
 from kvprobe.stats import loss_interval, welch_log_ratio
+from kvprobe.stats.client_limit import P99_KEYS, limited
 from kvprobe.verdict.checks._common import iv_text, judged, make_check, not_measured, pct, probe_missing, with_power
 from kvprobe.verdict.checks.speed import case_key, natural_order  # the case identity rules/3 and /4 share
 
@@ -137,9 +137,7 @@ def load_checks(inputs: dict[str, Any], cand: str, bars: Any) -> list[dict[str, 
 
 def _client_limited(groups: dict[str, list[dict[str, Any]]], bars: Any) -> str | None:
     """The first run of this case, on either server, whose client could have moved a p99 by more than
-    a tenth of the bar (kvprobe.load.client_load.limited, on the recorded client figures)."""
-    from kvprobe.load.client_load import limited
-
+    a tenth of the bar (kvprobe.stats.client_limit.limited, on the recorded client figures)."""
     for name, cases in groups.items():
         for run in (r for case in cases for r in (case.get("repeats") or [case])):
             if not any(k.startswith("client_") and k != "client_limited_why" for k in run):
