@@ -30,6 +30,7 @@ import argparse
 import gzip
 import json
 import math
+import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -312,7 +313,83 @@ def main() -> None:
             verdict = ("holds" if holds else "FAILS") if gate else ("as targeted" if holds else "misses (information)")
             print(f"{'target' if gate else 'info  '} {what:17} P {value:.3f} [{lo:.3f}, {hi:.3f}] {op} {target:5} "
                   f"(mean blocks {results[(label, truth)].mean_blocks:4.1f}) [{label}]: {verdict}")
+    print()
+    ok &= print_sized(args.sims, args.seed, margin)
     sys.exit(0 if ok else 1)
+
+
+# -- cases sized by precision (kvprobe/load/sizing.py): the whole procedure, pilot included ----------------
+
+@dataclass(frozen=True)
+class Platform:
+    """A platform's measured pilot figures (tests/fixtures/runs/*: load.json's sizing.pilot)."""
+
+    name: str
+    case_s: float
+    case_sd: float  # one case's paired log-ratio spread at case_s
+    overhead_s: float
+    turn_s: float
+    budget_s: float  # [load] budget_s less the pilot
+
+
+GPU = Platform("gpu (H200, h200-speed-sized)", 1.45, 0.166, 0.41, 0.38, 521.0)
+CPU = Platform("cpu (Xeon AMX demo pilot)", 2.02, 0.137, 0.50, 0.79, 540.0)
+
+
+def sized_run(truth: float, pf: Platform, servers: int, true_exponent: float, margin: float,
+              rng: np.random.Generator) -> tuple[str, int, float]:
+    """One eval's load probe: a two-block pilot at the default size, the plan from its own estimate, then
+    the planned blocks (the pilot's counted when the size stays) until a planned look decides."""
+    from kvprobe.load.sizing import PILOT_BLOCKS, Pilot
+    from kvprobe.load.sizing import plan as plan_cases
+
+    cases = 5
+    pilot_cases = truth + rng.normal(0.0, pf.case_sd, (PILOT_BLOCKS, cases))
+    var = float(np.sum((pilot_cases - pilot_cases.mean(axis=0)) ** 2) / (cases * (PILOT_BLOCKS - 1)))
+    pilot = Pilot(PILOT_BLOCKS, pf.case_s, pf.overhead_s, pf.turn_s, var, cases * (PILOT_BLOCKS - 1))
+    chosen = plan_cases(pilot, servers=servers, cases=cases, scope=cases, margin=margin, max_blocks=20,
+                        look_every=4, budget_s=pf.budget_s, resize=True)
+    design = sequential.Design(chosen.looks, chosen.c)
+    length = pf.case_s if chosen.duration_s is None else chosen.duration_s + pf.turn_s
+    case_sd = pf.case_sd * (pf.case_s / length) ** (true_exponent / 2)
+    fresh = truth + rng.normal(0.0, case_sd, (chosen.max_blocks, cases)).mean(axis=1)
+    losses = np.concatenate([pilot_cases.mean(axis=1), fresh])[:chosen.max_blocks] if chosen.counts_pilot else fresh
+    outcome, n = replay(losses, margin, design)
+    pilot_s = PILOT_BLOCKS * servers * cases * (pf.case_s + pf.overhead_s)
+    spent = pilot_s + (max(0, n - PILOT_BLOCKS) if chosen.counts_pilot else n) * chosen.block_s
+    return outcome, n, spent
+
+
+def print_sized(sims: int, seed: int, margin: float) -> bool:
+    """The targets for the whole sized procedure at each platform's measured pilot figures, one candidate
+    (two servers) within the shipped budget: equal passes >= 0.95, 10% slower fails >= 0.95, on the bar
+    passes <= 0.025. The noise falls with case length as the model says (exponent 2, measured on the H200)
+    or, as information, as noise that averages (exponent 1)."""
+    from kvprobe.load.sizing import NOISE_EXPONENT
+
+    print(f"sized: the pilot, its plan and the planned blocks, {sims} runs per cell (one candidate, the shipped "
+          f"600 s budget less the pilot)")
+    ok = True
+    truths = [("equal", 0.0, "pass", ">=", TARGET_PASS_EQUAL), ("10% slower", -math.log(0.90), "fail", ">=",
+              TARGET_FAIL_SLOWER), ("on the bar", margin, "pass", "<=", TARGET_PASS_AT_BAR)]
+    for k, pf in enumerate((GPU, CPU)):
+        for exponent in (NOISE_EXPONENT, 1.0):
+            gate = exponent == NOISE_EXPONENT
+            for j, (name, truth, want, op, target) in enumerate(truths):
+                rng = np.random.default_rng([seed, 100 + k, int(exponent * 10), j])
+                runs = [sized_run(truth, pf, 2, exponent, margin, rng) for _ in range(sims)]
+                p = sum(1 for o, _, _ in runs if o == want) / sims
+                lo, hi = wilson(p, sims)
+                holds = hi >= target if op == ">=" else lo <= target
+                ok &= holds or not gate
+                blocks = statistics.fmean(n for _, n, _ in runs)
+                minutes = statistics.fmean(t for _, _, t in runs) / 60
+                verdict = (("holds" if holds else "FAILS") if gate
+                           else ("as targeted" if holds else "misses (information)"))
+                print(f"{'target' if gate else 'info  '} {pf.name:30} exponent {exponent:g} {name:10} P({want}) "
+                      f"{p:.3f} [{lo:.3f}, {hi:.3f}] {op} {target}: {verdict}; {blocks:4.1f} blocks, "
+                      f"{minutes:4.1f} min to decide")
+    return ok
 
 
 if __name__ == "__main__":
