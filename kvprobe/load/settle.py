@@ -43,7 +43,10 @@ async def quiet(clients: Sequence[Client], cap_s: float, quiet_s: float = QUIET_
         now = time.perf_counter()
         if now - t0 >= cap_s:
             return now - t0
-        busy = await asyncio.gather(*(_busy(c) for c in clients))
+        try:  # a scrape that hangs must not outlast the cap (the client's own timeout is minutes)
+            busy = await asyncio.wait_for(asyncio.gather(*(_busy(c) for c in clients)), cap_s - (now - t0))
+        except TimeoutError:
+            return time.perf_counter() - t0
         now = time.perf_counter()
         if all(b == 0 for b in busy):
             idle_since = now if idle_since is None else idle_since

@@ -3,6 +3,7 @@ on known inputs; the pilot's flow through the real probe on replayed captures.""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import math
@@ -133,6 +134,15 @@ async def test_quiet_is_capped_by_settle_s_when_a_server_never_goes_idle_or_cann
     silent, _ = _client([b"# no vllm gauges here\n"])
     assert 0.3 <= await quiet([silent], cap_s=0.3, quiet_s=0.1, poll_s=0.05) < 0.6
     assert await quiet([busy], cap_s=0.0) == pytest.approx(0.0, abs=0.05)
+
+
+async def test_a_scrape_that_hangs_does_not_outlast_the_cap() -> None:
+    async def stalled(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(30)
+        return httpx.Response(200, content=_metrics(0, 0))
+
+    client = Client("s", "http://127.0.0.1:1", transport=httpx.MockTransport(stalled))
+    assert 0.3 <= await quiet([client], cap_s=0.3, quiet_s=0.1, poll_s=0.05) < 1.0
 
 
 # -- the pilot in the probe ----------------------------------------------------------------------
