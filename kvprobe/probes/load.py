@@ -571,9 +571,9 @@ async def _pilot_then_plan(ctx: EvalContext, blocks: _Blocks, digest: str, run_n
         if ctx.reference not in ctx.active():
             return digest, run_nonce
         chosen = _plan(ctx, digest, blocks, time.monotonic() - t0)
-        overrides = {"max_blocks": chosen.max_blocks}
-        if chosen.duration_s is not None:
-            overrides["duration_s"] = chosen.duration_s
+        overrides: dict[str, Any] = {"max_blocks": chosen.max_blocks}
+        if chosen.duration_s is not None:  # the case runs for its length, not to a request count
+            overrides |= {"duration_s": chosen.duration_s, "requests_per_case": None}
         governed = settings_digest(ctx.config.load.model_copy(update=overrides))
         ctx.run.event("load_plan", pilot=digest, digest=governed, overrides=overrides, plan=chosen.as_dict())
         margin = -math.log1p(-ctx.config.bars.throughput_drop_max)
@@ -606,6 +606,12 @@ def _plan(ctx: EvalContext, digest: str, blocks: _Blocks, pilot_s: float) -> Cas
                       resize=not written(settings, "duration_s", "requests_per_case"))
 
 
+def _sized_by_kvprobe(load: LoadSettings, **sizes: Any) -> LoadSettings:
+    """`load` with sizes kvprobe chose, kept out of the operator's fields_set: the pilot may still size the
+    cases by precision (an operator's own requests_per_case it leaves alone)."""
+    return type(load).model_construct(load.model_fields_set, **{**dict(load), **sizes})
+
+
 def budget_cost(config: Config, servers: int, speed: Speed, max_model_len: int) -> BudgetCost:
     """Requests per case over the blocks to the design's first look on every server, `agents` at a time;
     each request is `turns` turns that prefill the conversation so far and decode an answer. Fixed: each
@@ -618,6 +624,6 @@ def budget_cost(config: Config, servers: int, speed: Speed, max_model_len: int) 
                                 + load.max_output_tokens * speed.s_per_decoded_token)
     return BudgetCost(servers * first_look * per_request / min(load.agents), least=2,
                       most=load.requests_per_case or 8,
-                      resize=lambda n: ({"load": load.model_copy(update={"requests_per_case": n})},
+                      resize=lambda n: ({"load": _sized_by_kvprobe(load, requests_per_case=n)},
                                         {"requests per case": n, "blocks": f"up to {load.blocks}"}),
                       fixed_s=servers * (first_look * load.settle_s + (per_request if load.warmup else 0)))

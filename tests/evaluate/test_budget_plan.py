@@ -14,6 +14,7 @@ from kvprobe.evaluate.budget import plan_budget
 from kvprobe.evaluate.canary import canary_config
 from kvprobe.probes import Probe
 from kvprobe.run.budget import RESERVE_S, corrected_scale
+from kvprobe.server.fit import written
 from kvprobe.server.inventory import Inventory, Smoke
 
 PROBES = ["capacity", "perplexity", "agreement", "needle", "load"]
@@ -51,6 +52,8 @@ def test_the_resized_config_is_what_the_probes_get() -> None:
     assert config.perplexity.limit == plan.sizes["perplexity"]["passages"]
     assert config.needle.count == plan.sizes["needle"]["needles"]
     assert config.load.requests_per_case == plan.sizes["load"]["requests per case"]
+    # kvprobe's size, not the operator's: the load probe's pilot may still size its cases by precision
+    assert not written(config.load, "requests_per_case")
 
 
 def test_a_finished_probe_corrects_the_model_within_bounds() -> None:

@@ -187,3 +187,29 @@ async def test_an_operators_fixed_design_runs_no_pilot(tmp_path: Path) -> None:
     await run_eval(_config({"repeats": 2}), run, ["load"], Console(file=io.StringIO()), transport=multi.transport())
     assert not list(run.events("load_plan"))
     assert "sizing" not in json.loads((run.path / "load.json").read_text())
+
+
+async def test_a_resized_plan_measures_its_blocks_apart_from_the_pilot(tmp_path: Path, monkeypatch) -> None:
+    from kvprobe.load import sizing
+    from kvprobe.probes import load as load_probe
+
+    def longer(pilot: Pilot, **kw: object) -> sizing.CasePlan:
+        looks = (2, 3)
+        return sizing.CasePlan(0.4, 2.0, 3, looks, 4.0, 5.0, 0.02, 0.9, 0.03, kw["budget_s"], pilot)
+
+    monkeypatch.setattr(load_probe, "plan_cases", longer)
+    multi = MultiReplay({"127.0.0.1:8101": Replay("auto-8101"), "127.0.0.1:8102": Replay("fp8-8102")})
+    run = RunDir.create(tmp_path / "run")
+    await run_eval(_config({"budget_s": 60}), run, ["load"], Console(file=io.StringIO()), transport=multi.transport())
+    recorded = next(run.events("load_plan"))
+    # a case of the plan's length runs for its length, not to a request count (a budget's, in a canary)
+    assert recorded["overrides"] == {"max_blocks": 3, "duration_s": 0.4, "requests_per_case": None}
+    assert recorded["digest"] != recorded["pilot"]
+    governed = [e for e in run.events("load_case") if e["digest"] == recorded["digest"]]
+    pilot = [e for e in run.events("load_case") if e["digest"] == recorded["pilot"]]
+    assert {e["repeat"] for e in pilot} == {0, 1} and governed and min(e["repeat"] for e in governed) == 0
+    data = json.loads((run.path / "load.json").read_text())
+    assert data["digest"] == recorded["digest"] and data["settings"]["duration_s"] == 0.4
+    assert data["sizing"]["counts_pilot"] is False
+    runs = sum(len(c["repeats"]) for c in data["servers"]["fp8"]["cases"])
+    assert runs == len([e for e in governed if e["server"] == "fp8"])  # the pilot's blocks are not in the endpoint
