@@ -31,6 +31,7 @@ from urllib.parse import urlparse
 from kvprobe.config import Config, NeedleSettings, Server
 from kvprobe.errors import ConfigError, KvprobeError, NotModelled, ServerError
 from kvprobe.probes import PROBES, default_probes, ordered
+from kvprobe.probes import load as load_probe
 from kvprobe.run.budget import Speed
 
 # Assumed speeds for the rough time. The slow end is the demo trio's 2-core CPU box: its slowest
@@ -309,35 +310,6 @@ def probe_settings(config: Config, probes: list[str], context: Context, found: d
 
 # -- the rough time ------------------------------------------------------------------------------
 
-def _load_seconds(config: Config, servers: int, rate: float, decode: float) -> tuple[float, float]:
-    """(to the design's first look, to its last) for the load probe at one assumed speed."""
-    from kvprobe.load.workload import shapes_of
-    from kvprobe.stats.sequential import planned_looks
-
-    ld = config.load
-
-    def case(shape: Any, agents: int) -> float:
-        if ld.duration_s:
-            return ld.duration_s
-        requests = ld.requests_per_case or agents * shape.turns
-        if ld.mode == "open" and ld.rate:
-            return requests / ld.rate
-        # Within a conversation the history is in the prefix cache: a turn prefills its new block, the
-        # last reply and its share of the system prompt. The agents' prefills share the server; their
-        # decodes are batched.
-        fresh = shape.tokens_per_turn + shape.max_output_tokens + shape.system_tokens / shape.turns
-        return requests / agents * (agents * fresh / rate + shape.max_output_tokens * decode)
-
-    shapes = shapes_of(ld)
-    block = servers * sum(case(s, a) + ld.settle_s for s in shapes for a in s.agents)
-    warmup = servers * sum(case(s, min(s.agents)) for s in shapes) if ld.warmup else 0.0
-    looks = (ld.repeats,) if ld.repeats is not None else planned_looks(ld.max_blocks, ld.look_every)
-    low, high = looks[0] * block, looks[-1] * block
-    if ld.budget_s is not None:  # no block starts after the budget
-        low, high = min(low, ld.budget_s + block), min(high, ld.budget_s + block)
-    return warmup + low, warmup + high
-
-
 # The whole configured size of each probe costed by its own model (budget_cost), in its units.
 WHOLE_SIZE: dict[str, Callable[[Config, dict[str, Any]], int]] = {
     "perplexity": lambda config, sizes: sizes["perplexity"]["passages"] or 16,
@@ -365,7 +337,7 @@ def _seconds(config: Config, probes: list[str], sizes: dict[str, Any], servers: 
             out["tasks"] = documents * servers * (TASK_PROMPT_TOKENS / rate + answer) / config.tasks.num_concurrent
         elif probe == "load":
             load_decode = SLOW_LOAD_DECODE_S if slow else decode
-            out["load"] = _load_seconds(config, servers, rate, load_decode)[1 if slow else 0]
+            out["load"] = load_probe.rough_seconds(config, servers, rate, load_decode)[1 if slow else 0]
     return out
 
 

@@ -46,7 +46,7 @@ from kvprobe.run.budget import RESERVE_S, BudgetCost, Speed
 from kvprobe.run.context import EvalContext
 from kvprobe.server.fit import tightest, written
 from kvprobe.stats.client_limit import limited
-from kvprobe.stats.sequential import of_settings, williams
+from kvprobe.stats.sequential import of_settings, planned_looks, williams
 
 # What the speed design declares before the run (recorded in load.json and the verdict's evidence).
 DESIGN_FIELDS = ("endpoint", "latency_endpoint", "max_blocks", "look_every", "repeats", "budget_s", "advisory")
@@ -627,3 +627,30 @@ def budget_cost(config: Config, servers: int, speed: Speed, max_model_len: int) 
                       resize=lambda n: ({"load": _sized_by_kvprobe(load, requests_per_case=n)},
                                         {"requests per case": n, "blocks": f"up to {load.blocks}"}),
                       fixed_s=servers * (first_look * load.settle_s + (per_request if load.warmup else 0)))
+
+
+def rough_seconds(config: Config, servers: int, rate: float, decode: float) -> tuple[float, float]:
+    """`kvprobe check`'s rough time, (to the design's first look, to its last), at one assumed speed: the
+    whole declared design, where budget_cost prices the blocks to the first look for a --budget."""
+    ld = config.load
+
+    def case(shape: Any, agents: int) -> float:
+        if ld.duration_s:
+            return ld.duration_s
+        requests = ld.requests_per_case or agents * shape.turns
+        if ld.mode == "open" and ld.rate:
+            return requests / ld.rate
+        # Within a conversation the history is in the prefix cache: a turn prefills its new block, the
+        # last reply and its share of the system prompt. The agents' prefills share the server; their
+        # decodes are batched.
+        fresh = shape.tokens_per_turn + shape.max_output_tokens + shape.system_tokens / shape.turns
+        return requests / agents * (agents * fresh / rate + shape.max_output_tokens * decode)
+
+    shapes = shapes_of(ld)
+    block = servers * sum(case(s, a) + ld.settle_s for s in shapes for a in s.agents)
+    warmup = servers * sum(case(s, min(s.agents)) for s in shapes) if ld.warmup else 0.0
+    looks = (ld.repeats,) if ld.repeats is not None else planned_looks(ld.max_blocks, ld.look_every)
+    low, high = looks[0] * block, looks[-1] * block
+    if ld.budget_s is not None:  # no block starts after the budget
+        low, high = min(low, ld.budget_s + block), min(high, ld.budget_s + block)
+    return warmup + low, warmup + high
