@@ -14,6 +14,7 @@ http://127.0.0.1:8102`.
 
 from __future__ import annotations
 
+import queue
 import socket
 import struct
 import sys
@@ -121,11 +122,22 @@ class FaultProxy:
 
             def _slowly(self, resp: httpx.Response, delay_s: float, t0: float, stretch: float) -> None:
                 """Each event (up to its blank line) held delay_s, so the tokens arrive that much apart at
-                least, and sent no sooner than its arrival's time since the request, times `stretch`: split
-                here, since reads coalesce events that queued while the proxy slept."""
+                least, and sent no sooner than its arrival's time since the request, times `stretch`. A
+                reader thread stamps the upstream bytes as they come: stamped after this thread's own
+                sleeps, each stretch would compound on the last (1.3x per event, not per answer)."""
+                arrivals: queue.Queue[tuple[float, bytes] | None] = queue.Queue()
+
+                def read() -> None:
+                    try:
+                        for chunk in resp.iter_raw():
+                            arrivals.put((time.perf_counter(), chunk))
+                    finally:
+                        arrivals.put(None)
+
+                threading.Thread(target=read, daemon=True).start()
                 pending = b""
-                for chunk in resp.iter_raw():
-                    arrived = time.perf_counter()
+                while (item := arrivals.get()) is not None:
+                    arrived, chunk = item
                     pending += chunk
                     while b"\n\n" in pending:
                         event, pending = pending.split(b"\n\n", 1)
