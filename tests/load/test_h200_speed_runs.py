@@ -40,7 +40,7 @@ def _block_losses(run: str, cand: str) -> list[float]:
     return [statistics.fmean(v) for _, v in sorted(blocks.items()) if len(v) == cases]
 
 
-@pytest.mark.parametrize("run", ["h200-speed-sized", "h200-canary-5m", "h200-long-cases"])
+@pytest.mark.parametrize("run", ["h200-speed-sized", "h200-canary-5m", "h200-long-cases", "h200-slow-twin"])
 def test_the_recorded_verdict_rederives(run: str) -> None:
     verdict = orjson.loads((RUNS / run / "verdict.json").read_bytes())
     assert rederive(verdict) == []
@@ -99,3 +99,11 @@ def test_longer_cases_cut_the_block_spread_faster_than_noise_that_averages() -> 
 def _case_seconds(run: str) -> list[float]:
     with gzip.open(RUNS / run / "events.jsonl.gz", "rt") as fh:
         return [json.loads(line)["summary"]["duration_s"] for line in fh if '"load_case"' in line]
+
+
+def test_a_candidate_slowed_on_purpose_fails_even_in_a_budget_too_short_for_an_equal_one() -> None:
+    terminal = (RUNS / "h200-slow-twin" / "terminal.txt").read_text()
+    assert terminal.index("speed cannot settle for an equal candidate") < terminal.index("paired blocks")
+    slow = _endpoint("h200-slow-twin", "slow")
+    assert slow["outcome"] == "fail" and slow["ratio_interval"][1] < 0.95
+    assert _endpoint("h200-slow-twin", "twin")["outcome"] == "inconclusive"
