@@ -338,8 +338,9 @@ CPU = Platform("cpu (Xeon AMX demo pilot)", 2.02, 0.137, 0.50, 0.79, 540.0)
 
 def sized_run(truth: float, pf: Platform, servers: int, true_exponent: float, margin: float,
               rng: np.random.Generator) -> tuple[str, int, float]:
-    """One eval's load probe: a two-block pilot at the default size, the plan from its own estimate, then
-    the planned blocks (the pilot's counted when the size stays) until a planned look decides."""
+    """One eval's load probe: a two-block pilot at the default size, the plan from its own estimate (its
+    variance at the plan's upper confidence limit), then the planned blocks until a planned look decides. The
+    pilot chose the length, so its blocks do not count (kvprobe.load.sizing)."""
     from kvprobe.load.sizing import PILOT_BLOCKS, Pilot
     from kvprobe.load.sizing import plan as plan_cases
 

@@ -15,8 +15,14 @@ A block of K cases in the endpoint's scope then has spread sigma_b = sqrt(v * (t
 S * C * (T + overrun + overhead) seconds (S servers, C cases), and the design fits n_max = the blocks
 the budget holds. Each candidate length is judged by the probability that a candidate equal to the
 reference passes at the design's final boundary (noncentral t); the shortest length reaching
-TARGET_POWER wins, else the most powerful. At the default length the pilot's blocks are blocks of the
-design and count; at another length they are a pilot only, recorded apart.
+TARGET_POWER wins, else the most powerful. The plan takes the 80% upper confidence limit of the pilot's
+variance (PLAN_UCL, as for an internal pilot): a pilot of a few degrees of freedom that happened to be
+quiet would otherwise plan too short a run.
+
+When the plan chooses the case length from the pilot's noise, the pilot's blocks are a pilot only
+(recorded apart): blocks kept because they looked quiet would bias the test that then counts them. When the
+operator sized the cases, the pilot chose only how many blocks the budget holds, from their time, and its
+blocks count.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from kvprobe.stats import sequential
 PILOT_BLOCKS = 2
 TARGET_POWER = 0.95  # P(an equal candidate passes): the shortest case length reaching it is planned
 DECIDE_POWER = 0.80  # the power at which "the smallest difference this budget can decide" is quoted
+PLAN_UCL = 0.80
 MULTIPLIERS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0)
 MAX_CASE_S = 60.0
 NOISE_EXPONENT = 2.0  # measured on the H200 (module docstring); 1 would be noise that averages over a case
@@ -69,15 +76,12 @@ class CasePlan:
     decidable: float | None  # log-ratio distance from the bar decided with DECIDE_POWER
     budget_s: float | None  # the time the plan had
     pilot: Pilot
-
-    @property
-    def counts_pilot(self) -> bool:
-        return self.duration_s is None
+    counts_pilot: bool = False  # the pilot's blocks are blocks of this design (the operator sized the cases)
+    case_var_planned: float | None = None  # the variance planned on: the pilot's, at its PLAN_UCL upper limit
 
     def as_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in asdict(self).items() if k != "pilot"}
         out["looks"] = list(self.looks)
-        out["counts_pilot"] = self.counts_pilot
         out["pilot"] = self.pilot.as_dict()
         return {k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v) for k, v in out.items()}
 
@@ -136,12 +140,13 @@ def plan(pilot: Pilot, *, servers: int, cases: int, scope: int, margin: float, m
     time left after the pilot (None: no budget, the design keeps max_blocks); `resize`: False when the
     operator sized the cases, which then keep their size and only the design is fitted."""
     options = []
+    var = _upper(pilot.case_var, pilot.df)
     for m in MULTIPLIERS if resize and pilot.case_s > 0 else (1.0,):
         if m > 1 and m * pilot.case_s > MAX_CASE_S:
             break
         length = pilot.case_s if m == 1 else m * pilot.case_s + pilot.turn_s
         block_s = servers * cases * (length + pilot.overhead_s)
-        counted = pilot.blocks if m == 1 else 0
+        counted = 0 if resize else pilot.blocks
         if budget_s is None:
             n = max_blocks
         else:
@@ -151,16 +156,24 @@ def plan(pilot: Pilot, *, servers: int, cases: int, scope: int, margin: float, m
         n = max(n, counted, 2)
         looks = sequential.planned_looks(n, look_every)
         c = sequential.calibrate(looks)
-        sigma = (math.sqrt(pilot.case_var * (pilot.case_s / length) ** NOISE_EXPONENT / scope)
-                 if pilot.case_var is not None else None)
+        sigma = math.sqrt(var * (pilot.case_s / length) ** NOISE_EXPONENT / scope) if var is not None else None
         power = _power(margin, sigma, n, c) if sigma is not None else None
         decidable = (c + _z(DECIDE_POWER)) * sigma / math.sqrt(n) if sigma is not None else None
         options.append(CasePlan(None if m == 1 else round(m * pilot.case_s, 2), m, n, looks, c, block_s, sigma,
-                                power, decidable, budget_s, pilot))
+                                power, decidable, budget_s, pilot, not resize, var))
     enough = [o for o in options if o.p_pass_equal is not None and o.p_pass_equal >= TARGET_POWER]
     if enough:
         return enough[0]
     return max(options, key=lambda o: (round(o.p_pass_equal or 0.0, 2), -o.multiplier))
+
+
+def _upper(var: float | None, df: int) -> float | None:
+    """The PLAN_UCL upper confidence limit of a variance estimated on `df` degrees of freedom."""
+    from scipy.stats import chi2
+
+    if var is None or df < 1:
+        return var
+    return var * df / float(chi2.ppf(1 - PLAN_UCL, df))
 
 
 def describe(p: CasePlan, margin: float, bar: float) -> list[str]:
@@ -179,7 +192,8 @@ def describe(p: CasePlan, margin: float, bar: float) -> list[str]:
         return lines
     slow_pass = -math.expm1(-(margin - p.decidable))
     slow_fail = -math.expm1(-(margin + p.decidable))
-    lines.append(f"load plan: at the pilot's noise (one case {math.sqrt(pilot.case_var or 0):.3f}, a block "
+    lines.append(f"load plan: at the pilot's noise (one case {math.sqrt(pilot.case_var or 0):.3f}, planned at its "
+                 f"{PLAN_UCL:.0%} upper limit {math.sqrt(p.case_var_planned or 0):.3f}; a block "
                  f"{p.sigma_block:.3f} in log ratio) an equal candidate passes with P ~ {p.p_pass_equal:.2f}; at "
                  f"{DECIDE_POWER:.0%} power this plan passes a candidate up to {slow_pass:+.1%} slower and fails one "
                  f"{slow_fail:+.1%} slower or more (bar {bar:.0%})")

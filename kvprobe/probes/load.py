@@ -556,26 +556,29 @@ def _sized(ctx: EvalContext, servers: list[str]) -> bool:
     settings = ctx.config.load
     if settings.repeats is not None or all(n == ctx.reference for n in servers):
         return False
-    return not written(settings, "duration_s", "requests_per_case") or _blocks_deadline(ctx) is not None
+    return _resizes(settings) or _blocks_deadline(ctx) is not None
 
 
 async def _pilot_then_plan(ctx: EvalContext, blocks: _Blocks, digest: str, run_nonce: str,
                            source: TextSource) -> tuple[str, str]:
     """Run the pilot blocks, choose the case length and design from them (recorded, so a resumed run keeps
-    it), and apply it: the digest and nonce of the blocks the plan governs. At the default length they are
-    the pilot's own, whose blocks then count."""
-    recorded = next(ctx.run.events("load_plan", pilot=digest), None)
+    it), and apply it: the digest and nonce of the blocks the plan governs. A pilot that chooses the case
+    length from its noise is recorded under a digest of its own and does not count (kvprobe.load.sizing);
+    one that only fits the operator's cases to the budget is blocks of the design."""
+    resize = _resizes(ctx.config.load)
+    pilot = f"{digest}-pilot" if resize else digest
+    recorded = next(ctx.run.events("load_plan", pilot=pilot), None)
     if recorded is None:
-        t0 = time.monotonic()
-        await blocks.run(digest, run_nonce, source, upto=PILOT_BLOCKS)
+        pilot_nonce = (await _load_setup(ctx, pilot))[1] if resize else run_nonce
+        await blocks.run(pilot, pilot_nonce, source, upto=PILOT_BLOCKS)
         if ctx.reference not in ctx.active():
             return digest, run_nonce
-        chosen = _plan(ctx, digest, blocks, time.monotonic() - t0)
+        chosen = _plan(ctx, pilot, blocks, resize)
         overrides: dict[str, Any] = {"max_blocks": chosen.max_blocks}
         if chosen.duration_s is not None:  # the case runs for its length, not to a request count
             overrides |= {"duration_s": chosen.duration_s, "requests_per_case": None}
         governed = settings_digest(ctx.config.load.model_copy(update=overrides))
-        ctx.run.event("load_plan", pilot=digest, digest=governed, overrides=overrides, plan=chosen.as_dict())
+        ctx.run.event("load_plan", pilot=pilot, digest=governed, overrides=overrides, plan=chosen.as_dict())
         margin = -math.log1p(-ctx.config.bars.throughput_drop_max)
         for line in describe(chosen, margin, ctx.config.bars.throughput_drop_max):
             ctx.console.print(line, highlight=False, soft_wrap=True)
@@ -588,7 +591,12 @@ async def _pilot_then_plan(ctx: EvalContext, blocks: _Blocks, digest: str, run_n
     return new, nonce
 
 
-def _plan(ctx: EvalContext, digest: str, blocks: _Blocks, pilot_s: float) -> CasePlan:
+def _resizes(settings: LoadSettings) -> bool:
+    """Whether the pilot may choose the case length: the operator did not size the cases."""
+    return not written(settings, "duration_s", "requests_per_case")
+
+
+def _plan(ctx: EvalContext, digest: str, blocks: _Blocks, resize: bool) -> CasePlan:
     settings = ctx.config.load
     pilot_cases = [e for e in ctx.run.events("load_case", digest=digest) if e["repeat"] < PILOT_BLOCKS]
     units = {e["unit"] for e in pilot_cases}
@@ -602,8 +610,7 @@ def _plan(ctx: EvalContext, digest: str, blocks: _Blocks, pilot_s: float) -> Cas
     left = blocks.deadline - time.monotonic() if blocks.deadline is not None else None
     return plan_cases(pilot, servers=max(servers, 2), cases=len(cases), scope=scope,
                       margin=-math.log1p(-ctx.config.bars.throughput_drop_max), max_blocks=settings.max_blocks,
-                      look_every=settings.look_every, budget_s=left,
-                      resize=not written(settings, "duration_s", "requests_per_case"))
+                      look_every=settings.look_every, budget_s=left, resize=resize)
 
 
 def _sized_by_kvprobe(load: LoadSettings, **sizes: Any) -> LoadSettings:

@@ -77,12 +77,29 @@ def test_the_shortest_length_that_reaches_the_target_power_is_chosen() -> None:
         assert sigma > chosen.sigma_block
 
 
-def test_long_quiet_cpu_cases_keep_their_size_and_the_pilot_counts() -> None:
+def test_long_quiet_cpu_cases_keep_their_size_and_the_pilot_is_only_a_pilot() -> None:
     chosen = plan(CPU, servers=2, cases=5, scope=5, margin=MARGIN, max_blocks=20, look_every=4, budget_s=500.0,
                   resize=True)
-    assert chosen.duration_s is None and chosen.counts_pilot and chosen.multiplier == 1.0
+    # chosen from the pilot's noise: its blocks do not count, and the budget left holds the design's blocks
+    assert chosen.duration_s is None and chosen.multiplier == 1.0 and not chosen.counts_pilot
+    assert chosen.max_blocks == int(0.95 * 500.0 // chosen.block_s)
+    assert "counted" not in describe(chosen, MARGIN, 0.05)[0]
+
+
+def test_an_operators_cases_keep_their_size_and_the_pilot_counts() -> None:
+    chosen = plan(CPU, servers=2, cases=5, scope=5, margin=MARGIN, max_blocks=20, look_every=4, budget_s=500.0,
+                  resize=False)
+    assert chosen.duration_s is None and chosen.counts_pilot
     assert chosen.max_blocks == 2 + int(0.95 * 500.0 // chosen.block_s)
     assert "the pilot's 2 counted" in describe(chosen, MARGIN, 0.05)[0]
+
+
+def test_the_plan_takes_the_upper_limit_of_a_pilots_variance() -> None:
+    few = Pilot(**{**GPU.__dict__, "df": 2})
+    many = Pilot(**{**GPU.__dict__, "df": 200})
+    kw = dict(servers=2, cases=5, scope=5, margin=MARGIN, max_blocks=20, look_every=4, budget_s=500.0, resize=True)
+    assert plan(few, **kw).case_var_planned > plan(many, **kw).case_var_planned > GPU.case_var
+    assert plan(many, **kw).case_var_planned == pytest.approx(GPU.case_var, rel=0.15)
 
 
 def test_a_budget_that_cannot_settle_an_equal_candidate_says_so_before_it_is_spent() -> None:
@@ -171,9 +188,9 @@ async def test_the_pilot_plans_the_blocks_records_the_plan_and_a_resume_keeps_it
     assert 0 < data["duty_cycle"] <= 1
     walls = list(run.events("load_wall"))
     assert len(walls) == 1 and walls[0]["measured_s"] <= walls[0]["wall_s"]
-    if recorded["plan"]["counts_pilot"]:  # the pilot's blocks are blocks of the design, under one digest
-        assert recorded["digest"] == recorded["pilot"]
-        assert all(len(c["repeats"]) >= 2 for c in data["servers"]["fp8"]["cases"])
+    # the pilot chose from its noise: its blocks are recorded apart and are not the endpoint's
+    assert not recorded["plan"]["counts_pilot"] and recorded["pilot"].endswith("-pilot")
+    assert {e["repeat"] for e in run.events("load_case", digest=recorded["pilot"])} == {0, 1}
     # a rerun into the same directory runs no second pilot and measures nothing new
     before = len(list(run.events("load_case")))
     await run_eval(_config({"budget_s": 60, "max_blocks": 6}), run, ["load"], Console(file=io.StringIO()),
@@ -213,3 +230,15 @@ async def test_a_resized_plan_measures_its_blocks_apart_from_the_pilot(tmp_path:
     assert data["sizing"]["counts_pilot"] is False
     runs = sum(len(c["repeats"]) for c in data["servers"]["fp8"]["cases"])
     assert runs == len([e for e in governed if e["server"] == "fp8"])  # the pilot's blocks are not in the endpoint
+
+
+async def test_an_operators_cases_fitted_to_the_budget_count_the_pilots_blocks(tmp_path: Path) -> None:
+    multi = MultiReplay({"127.0.0.1:8101": Replay("auto-8101"), "127.0.0.1:8102": Replay("fp8-8102")})
+    run = RunDir.create(tmp_path / "run")
+    await run_eval(_config({"budget_s": 60, "requests_per_case": 2, "max_blocks": 4}), run, ["load"],
+                   Console(file=io.StringIO()), transport=multi.transport())
+    recorded = next(run.events("load_plan"))
+    assert recorded["plan"]["counts_pilot"] and recorded["digest"] == recorded["pilot"]
+    assert "duration_s" not in recorded["overrides"]  # the operator's size stands; only the blocks are fitted
+    data = json.loads((run.path / "load.json").read_text())
+    assert all(len(c["repeats"]) >= 2 for c in data["servers"]["fp8"]["cases"])  # the pilot's two among them
