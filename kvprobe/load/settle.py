@@ -16,9 +16,17 @@ from kvprobe.errors import KvprobeError
 from kvprobe.server.client import Client
 from kvprobe.server.metrics import RUNNING, WAITING, only_families, parse_metrics
 
-# Idle this long on every server before a case starts: past the ~0.2 s an OpenMP or CUDA worker thread
-# keeps spinning after its last batch, short enough that a GPU case of a few seconds keeps the box busy.
+# Idle this long on every server before a case starts: past the ~0.2 s a CUDA worker thread keeps
+# spinning after its last batch, short enough that a GPU case of a few seconds keeps the box busy.
 QUIET_S = 0.3
+# Servers on CPUs that share cores (a test box): the last case's OpenMP threads spin down for up to ~1 s
+# after /metrics already says idle, measured as a 0.5-1 s TTFT stall on the next server.
+CPU_QUIET_S = 1.0
+
+
+def quiet_window(devices: Sequence[str | None]) -> float:
+    """The quiet window for servers on these devices ("cpu", "cuda", None when a server does not say)."""
+    return CPU_QUIET_S if "cpu" in devices else QUIET_S
 POLL_S = 0.1
 
 

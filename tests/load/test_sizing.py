@@ -16,7 +16,7 @@ from rich.console import Console
 
 from kvprobe.config import parse_config
 from kvprobe.evaluate.orchestrate import run_eval
-from kvprobe.load.settle import quiet
+from kvprobe.load.settle import CPU_QUIET_S, QUIET_S, quiet, quiet_window
 from kvprobe.load.sizing import MULTIPLIERS, TARGET_POWER, Pilot, describe, pilot_figures, plan
 from kvprobe.run.store import RunDir
 from kvprobe.server.client import Client
@@ -242,3 +242,8 @@ async def test_an_operators_cases_fitted_to_the_budget_count_the_pilots_blocks(t
     assert "duration_s" not in recorded["overrides"]  # the operator's size stands; only the blocks are fitted
     data = json.loads((run.path / "load.json").read_text())
     assert all(len(c["repeats"]) >= 2 for c in data["servers"]["fp8"]["cases"])  # the pilot's two among them
+
+
+def test_servers_on_cpus_get_the_longer_quiet_window() -> None:
+    assert quiet_window(["cuda", "cuda"]) == quiet_window([None]) == QUIET_S
+    assert quiet_window(["cuda", "cpu"]) == CPU_QUIET_S > QUIET_S
