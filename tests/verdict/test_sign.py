@@ -237,3 +237,17 @@ def test_verify_command_exit_codes(signed_run):
     assert "changed after it was signed" in bad.output
     missing = runner.invoke(main, ["verify", str(run_dir / "nothing")])
     assert missing.exit_code == 2 and "no verdict.json there" in missing.output
+
+
+@needs_ssh_keygen
+def test_an_untrusted_signer_is_told_the_line_that_trusts_it(signed_run, tmp_path):
+    run_dir, _, key = signed_run
+    mine = tmp_path / "mine"
+    mine.write_text("# nobody yet\n")
+    result = CliRunner().invoke(main, ["verify", str(run_dir), "--allowed-signers", str(mine)])
+    assert result.exit_code == 1 and key.fingerprint in result.stderr
+    (line,) = re.findall(rf"the signer is not trusted; if that key is one you expect, add this line to "
+                         rf"{re.escape(str(mine))}: (.+)$", result.stderr, re.M)
+    mine.write_text(line + "\n")
+    assert CliRunner().invoke(main, ["verify", str(run_dir), "--allowed-signers", str(mine)]).exit_code == 0
+    assert ssh_verify(mine, run_dir / "verdict.json", principal="kvprobe-signer").returncode == 0
