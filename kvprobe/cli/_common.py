@@ -139,22 +139,22 @@ def _open_run(out: Path | None, resume: Path | None, config, probes: str | None)
     return RunDir.create(out), chosen
 
 
-def _report(run: RunDir, verdict: dict, standing: Standing) -> None:
-    """Render report.md/report.html and print the answer (as `view` says), whether it can be trusted, and where
-    everything is."""
+def _report(run: RunDir, verdict: dict, standing: Standing, write: bool = True) -> None:
+    """Render report.md/report.html (not with `write` off: `show` changes nothing) and print the answer (as `view`
+    says), whether it can be trusted, and where everything is."""
     from kvprobe.report.standing import NOT_VERIFIED, SIGNED_HERE
     from kvprobe.report.summary import decision_lines, print_summary
     from kvprobe.report.terminal import verdict_tables
     from kvprobe.report.write import render_reports
 
-    rendered = render_reports(run, verdict, standing)
+    rendered = render_reports(run, verdict, standing) if write else None
     if view == "quiet":
         if standing.kind == NOT_VERIFIED:  # stdout keeps to the decision lines a script reads
             err_console.print(_standing_text(standing), highlight=False, soft_wrap=True)
         for line in decision_lines(verdict):
             out_console.print(line, highlight=False, markup=False)
         return
-    if standing.kind != SIGNED_HERE:  # checked here (report): said first; eval names its signer at the end
+    if standing.kind != SIGNED_HERE:  # checked here (report, show): said first; eval names its signer at the end
         out_console.print(_standing_text(standing), highlight=False, soft_wrap=True)
     if view == "verbose":
         for table in verdict_tables(verdict):
@@ -164,8 +164,9 @@ def _report(run: RunDir, verdict: dict, standing: Standing) -> None:
     if run.has("verdict.json"):
         err_console.print(f"verdict: {escape(str(run.path / 'verdict.json'))} ({escape(standing.short)})",
                           highlight=False, soft_wrap=True)
-    err_console.print(f"report: [bold]{escape(str(rendered.html))}[/bold] and {escape(str(rendered.markdown))}",
-                      highlight=False, soft_wrap=True)
+    if rendered is not None:
+        err_console.print(f"report: [bold]{escape(str(rendered.html))}[/bold] and {escape(str(rendered.markdown))}",
+                          highlight=False, soft_wrap=True)
 
 
 def _standing_text(standing: Standing) -> str:

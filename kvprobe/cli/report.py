@@ -1,5 +1,5 @@
 """kvprobe report: a run directory's verdict, checked as `verify` checks it, then re-rendered (terminal,
-report.md, report.html, plots/)."""
+report.md, report.html, plots/). `kvprobe show` (kvprobe.cli.show) reads it the same way and writes nothing."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def signer_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 @dataclass
 class Shown:
-    """A run's verdict as report presents it."""
+    """A run's verdict as report and show present it."""
 
     verdict: dict[str, Any]
     standing: Standing
@@ -88,9 +88,9 @@ def report_cmd(run_dir: Path, allowed_signers: Path | None = None, signer: str |
     report.html) from what is on disk; each says first "signature verified" or "NOT verified: <why>".
 
     Uses DIR/verdict.json when there is one; else decides from the measurements (unsigned, nothing written
-    but the reports). Exit: the verdict's own code, as eval's; a verdict that does not verify (unsigned,
-    edited, an untrusted signer, a run that did not finish) is never 0: 1, or 2 when it cannot be checked; the
-    most serious wins."""
+    but the reports); `kvprobe show DIR` prints the same and writes nothing. Exit: the verdict's own code, as
+    eval's; a verdict that does not verify (unsigned, edited, an untrusted signer, a run that did not finish)
+    is never 0: 1, or 2 when it cannot be checked; the most serious wins."""
     set_view(verbose, quiet)
     run = open_run(run_dir)
     note_run(run.path)

@@ -1,5 +1,5 @@
-"""What every report says first: whether the verdict it shows can be trusted. `report` checks it as
-`verify` does (kvprobe.verdict.verify.examine); `eval` signed what it had just derived; a run that did not
+"""What every report says first: whether the verdict it shows can be trusted. `report` and `show`
+check it as `verify` does (kvprobe.verdict.verify.examine); `eval` signed what it had just derived; a run that did not
 finish has no signed verdict at all. A decision that does not follow from its own checks is never shown as
 signed: the reasons it does not hold are the first line."""
 

@@ -1,9 +1,10 @@
-"""`kvprobe report` on copies of the recorded AVX2 demo run (tests/fixtures/runs/amd-avx2-demo), signed here with a
-test key: whether the verdict verifies is said first (terminal, report.md, report.html), a verdict that does not
-verify never exits 0, and `-q` exits with the verdict's code."""
+"""`kvprobe report` and `kvprobe show` on copies of the recorded AVX2 demo run (tests/fixtures/runs/amd-avx2-demo),
+signed here with a test key: whether the verdict verifies is said first (terminal, report.md, report.html), a
+verdict that does not verify never exits 0, `-q` exits with the verdict's code, and `show` writes nothing."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 from pathlib import Path
@@ -116,11 +117,34 @@ def test_report_quiet_exits_with_the_verdicts_code(tmp_path: Path, allowed: Path
     assert "no signature: the verdict is unsigned" in unsigned.stderr
 
 
+def digests(root: Path) -> dict[str, str]:
+    """Every file and folder under `root`, each file with the SHA-256 of its bytes."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for p in sorted(root.rglob("*"))}
+
+
+@pytest.mark.parametrize("finished", [True, False], ids=["finished", "unfinished"])
+def test_show_leaves_the_run_byte_identical(tmp_path: Path, allowed: Path, finished: bool) -> None:
+    run = demo_copy(tmp_path)
+    if not finished:  # as a run still measuring is: no verdict yet
+        (run / "verdict.json").unlink()
+        (run / "verdict.json.sig").unlink()
+    before = digests(run)
+    for view in ([], ["-v"], ["-q"]):
+        result = kvprobe("show", run, "--allowed-signers", allowed, *view)
+        assert result.exit_code == 1, result.output  # a reject; the unfinished one is also unsigned
+        assert "bfloat16: reject" in result.stdout and "report:" not in result.output
+    assert digests(run) == before
+    first = kvprobe("show", run, "--allowed-signers", allowed).stdout.splitlines()[0]
+    assert first.startswith("signature verified: " if finished else "NOT verified: no verdict.json")
+
+
 def test_a_verdict_that_cannot_be_read_is_not_shown(tmp_path: Path, allowed: Path) -> None:
     run = demo_copy(tmp_path)
     (run / "verdict.json").write_text("{")
-    result = kvprobe("report", run, "--allowed-signers", allowed)
-    assert result.exit_code == 1 and result.stdout == ""
-    assert re.fullmatch(r"error: NOT verified: .*: not JSON: .*: nothing to show; move verdict.json aside and "
-                        r"`kvprobe report` decides from the measurements \(unsigned\)\n", result.stderr)
+    for command in ("report", "show"):
+        result = kvprobe(command, run, "--allowed-signers", allowed)
+        assert result.exit_code == 1 and result.stdout == ""
+        assert re.fullmatch(r"error: NOT verified: .*: not JSON: .*: nothing to show; move verdict.json aside and "
+                            r"`kvprobe report` decides from the measurements \(unsigned\)\n", result.stderr)
     assert (run / "report.md").read_bytes() == (DEMO / "report.md").read_bytes()  # not re-rendered
