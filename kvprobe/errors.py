@@ -43,6 +43,12 @@ EXIT_BROKEN = 4
 EXIT_UNREADABLE = 5  # audit: done, but something a server sent could not be read
 EXIT_INTERRUPTED = 130  # Ctrl-C: the shell's 128 + SIGINT
 EXIT_INTERNAL = 70  # a bug in kvprobe (EX_SOFTWARE), never a measured outcome
+_SERIOUS_FIRST = (EXIT_CANNOT_RUN, EXIT_INVALID, EXIT_BROKEN, EXIT_BAR_FAILED, EXIT_OK)  # audit has its own order
+
+
+def most_serious(*codes: int) -> int:
+    """The exit code that wins among eval's: 2, then 3, 4, 1, 0."""
+    return min(codes, key=_SERIOUS_FIRST.index)
 
 
 class KvprobeError(Exception):

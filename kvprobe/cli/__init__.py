@@ -7,7 +7,7 @@ from __future__ import annotations
 import click
 
 from kvprobe import __version__
-from kvprobe.cli import audit, canary, check, compare, demo, memmap, report, verify
+from kvprobe.cli import audit, canary, check, compare, demo, memmap, report, show, verify
 from kvprobe.cli import eval as eval_
 from kvprobe.cli._common import size_console
 from kvprobe.cli.crash import Guarded
@@ -21,7 +21,7 @@ def main() -> None:
 
 
 for _command in (audit.audit, eval_.eval_cmd, demo.demo, memmap.memmap, report.report_cmd, canary.canary_cmd,
-                 verify.verify_cmd, check.check_cmd, compare.compare_cmd):
+                 verify.verify_cmd, check.check_cmd, compare.compare_cmd, show.show_cmd):
     main.add_command(_command)
 
 __all__ = ["main"]

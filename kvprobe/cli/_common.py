@@ -7,7 +7,7 @@ import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 from rich.console import Console
@@ -27,6 +27,9 @@ from kvprobe.probes import help_text
 from kvprobe.report.ci import CiOutputs
 from kvprobe.report.terminal import capacity_table
 from kvprobe.run.store import RunDir
+
+if TYPE_CHECKING:  # the signature and verify stack loads when a verdict is shown, not with every command
+    from kvprobe.report.standing import Standing
 
 err_console = Console(stderr=True)
 # Tables wider than 80 columns stay readable when stdout is a pipe or a CI log.
@@ -95,7 +98,7 @@ def _fail(lines: list[str], code: int = EXIT_CANNOT_RUN) -> NoReturn:
 def _write_ci(run: RunDir, verdict: dict | None, code: int, notes: list[str] | None = None) -> None:
     if (ci := _take_ci()) is None:
         return
-    from kvprobe.report.write import signature_info
+    from kvprobe.report.standing import signature_info
 
     try:
         for path in ci.write(verdict, run.path, signature_info(run), code, notes):
@@ -136,27 +139,41 @@ def _open_run(out: Path | None, resume: Path | None, config, probes: str | None)
     return RunDir.create(out), chosen
 
 
-def _report(run: RunDir, verdict: dict) -> None:
-    """Render report.md/report.html and print the answer (as `view` says) and where everything is."""
+def _report(run: RunDir, verdict: dict, standing: Standing, write: bool = True) -> None:
+    """Render report.md/report.html (not with `write` off: `show` changes nothing) and print the answer (as `view`
+    says), whether it can be trusted, and where everything is."""
+    from kvprobe.report.standing import NOT_VERIFIED, SIGNED_HERE
     from kvprobe.report.summary import decision_lines, print_summary
     from kvprobe.report.terminal import verdict_tables
     from kvprobe.report.write import render_reports
 
-    rendered = render_reports(run, verdict)
+    rendered = render_reports(run, verdict, standing) if write else None
     if view == "quiet":
+        if standing.kind == NOT_VERIFIED:  # stdout keeps to the decision lines a script reads
+            err_console.print(_standing_text(standing), highlight=False, soft_wrap=True)
         for line in decision_lines(verdict):
             out_console.print(line, highlight=False, markup=False)
         return
+    if standing.kind != SIGNED_HERE:  # checked here (report, show): said first; eval names its signer at the end
+        out_console.print(_standing_text(standing), highlight=False, soft_wrap=True)
     if view == "verbose":
         for table in verdict_tables(verdict):
             out_console.print(table)
     print_summary(out_console, verdict)
-    sig = rendered.signature
-    signed = f"signed by {sig['fingerprint']}" if sig else "not signed"
     # soft_wrap: paths stay on one line, for copy and paste
-    err_console.print(f"verdict: {run.path / 'verdict.json'} ({signed})", highlight=False, soft_wrap=True)
-    err_console.print(f"report: [bold]{rendered.html}[/bold] and {rendered.markdown}", highlight=False,
-                      soft_wrap=True)
+    if run.has("verdict.json"):
+        err_console.print(f"verdict: {escape(str(run.path / 'verdict.json'))} ({escape(standing.short)})",
+                          highlight=False, soft_wrap=True)
+    if rendered is not None:
+        err_console.print(f"report: [bold]{escape(str(rendered.html))}[/bold] and {escape(str(rendered.markdown))}",
+                          highlight=False, soft_wrap=True)
+
+
+def _standing_text(standing: Standing) -> str:
+    from kvprobe.report.standing import NOT_VERIFIED, VERIFIED
+
+    style = "bold red" if standing.kind == NOT_VERIFIED else "green" if standing.kind == VERIFIED else ""
+    return f"[{style}]{escape(standing.line)}[/{style}]" if style else escape(standing.line)
 
 
 def finish_command(run: RunDir, servers_file: Path | None) -> str:
@@ -178,6 +195,7 @@ def _run(config, run: RunDir, probe_list: list[str], key: Path | None, resume: b
          left_out: list[dict[str, str]] | None = None, servers_file: Path | None = None,
          deadline: float | None = None):  # -> EvalOutcome
     from kvprobe.evaluate.orchestrate import run_eval_sync
+    from kvprobe.report.standing import this_run
 
     note_run(run.path)
     signing_key = _signing_key(key)
@@ -188,7 +206,7 @@ def _run(config, run: RunDir, probe_list: list[str], key: Path | None, resume: b
                                 left_out=left_out, deadline=deadline, advise=servers_file is not None)
         verdict = outcome.verdict
         if verdict is not None:
-            _report(run, verdict)
+            _report(run, verdict, this_run(run))
     except KeyboardInterrupt:
         # escaped: a path with [brackets] is text, not rich markup
         err_console.print("[yellow]interrupted:[/yellow] " + escape(resume_hint(run, servers_file)),

@@ -8,6 +8,7 @@ from typing import Any
 from jinja2 import Environment
 from rich.text import Text
 
+from kvprobe.report.standing import NOT_VERIFIED, SIGNED_HERE, VERIFIED, Standing
 from kvprobe.report.summary import candidate_rows
 from kvprobe.report.tables import all_tables
 
@@ -23,6 +24,9 @@ h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 18px; margin-top: 32
 .rec { padding: 12px 16px; border-radius: 6px; margin: 16px 0; font-size: 15px; }
 .rec.change { background: #e6f4e6; border-left: 6px solid #2ca02c; }
 .rec.keep { background: #fff3e0; border-left: 6px solid #ff9f1c; }
+.standing { padding: 6px 12px; border-radius: 6px; margin: 12px 0 0; font-size: 13px; overflow-wrap: anywhere; }
+.standing.verified { background: #e6f4e6; } .standing.here { background: #f4f4f4; }
+.standing.bad { background: #fde8e8; border-left: 6px solid #d62728; font-weight: 600; }
 table { border-collapse: collapse; margin: 8px 0 4px; font-size: 13px; }
 th, td { border: 1px solid #ddd; padding: 4px 8px; text-align: left; vertical-align: top; }
 th { background: #f4f4f4; }
@@ -49,6 +53,7 @@ code, pre { background: #f6f6f6; border-radius: 4px; } pre { padding: 8px; overf
 <div class="meta">run {{ v.run.id }} · measured {{ v.run.first_measurement or "-" }}
  to {{ v.run.last_measurement or "-" }} · kvprobe {{ v.run.measured_by or "-" }}
  · schema {{ v.schema }} · rules {{ v.rules }}</div>
+<div class="standing {{ standing_class }}" id="standing">{{ standing.line }}</div>
 <div class="rec {{ 'change' if v.recommendation.change else 'keep' }}" id="recommendation">
 <strong>Recommendation: {{ 'adopt' if v.recommendation.change else 'keep' }} {{ v.recommendation.server }}</strong>
 <details><summary>why</summary>{{ v.recommendation.reason }}</details></div>
@@ -78,9 +83,14 @@ code, pre { background: #f6f6f6; border-radius: 4px; } pre { padding: 8px; overf
 {% for p in plots_rest %}{{ figure(p) }}{% endfor %}
 
 <h2>Signature</h2>
+{% set signature = standing.signature %}
 {% if signature %}
-<p>Signed (OpenSSH SSHSIG, namespace <code>{{ signature.namespace }}</code>, Ed25519) by
+{% if standing_class == "bad" %}<p>{{ standing.line }}. verdict.json.sig names a key (OpenSSH SSHSIG, namespace
+<code>{{ signature.namespace }}</code>) <code id="fingerprint">{{ signature.fingerprint }}</code>: that alone proves
+nothing. To check it yourself:</p>
+{% else %}<p>Signed (OpenSSH SSHSIG, namespace <code>{{ signature.namespace }}</code>, Ed25519) by
 <code id="fingerprint">{{ signature.fingerprint }}</code>. Check that this fingerprint is one you expect, then:</p>
+{% endif %}
 <pre>echo 'kvprobe-signer namespaces="{{ signature.namespace }}" {{ signature.public_line }}' &gt; allowed_signers
 ssh-keygen -Y verify -f allowed_signers -I kvprobe-signer -n {{ signature.namespace }} \\
   -s verdict.json.sig &lt; verdict.json
@@ -106,7 +116,8 @@ window.addEventListener("load", function () {
     cards.push({name: card.getAttribute("data-name"), decision: tag.textContent, card: rect(card), tag: rect(tag)});
   });
   document.getElementById("layout").setAttribute("data-rects", JSON.stringify(
-    {recommendation: rect(document.getElementById("recommendation")), cards: cards,
+    {standing: rect(document.getElementById("standing")),
+     recommendation: rect(document.getElementById("recommendation")), cards: cards,
      viewport: {w: window.innerWidth, h: window.innerHeight}}));
 });
 </script>
@@ -131,9 +142,13 @@ def glance(v: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def render(v: dict[str, Any], plots: list[dict[str, Any]], signature: dict[str, Any] | None) -> str:
+# The standing's box, by its kind: a verdict that does not verify is the one painted as an alarm.
+_STANDING_CLASS = {VERIFIED: "verified", SIGNED_HERE: "here", NOT_VERIFIED: "bad"}
+
+
+def render(v: dict[str, Any], plots: list[dict[str, Any]], standing: Standing) -> str:
     """`plots`: dicts with key (capacity, perplexity, load, latency, needle), title, png bytes or None,
-    and absent (why there is no plot)."""
+    and absent (why there is no plot). `standing` is said first, above the recommendation."""
     env = Environment(autoescape=True, trim_blocks=True, lstrip_blocks=True)
     figure = env.from_string(_FIGURE).module.figure  # type: ignore[attr-defined]
     tables = all_tables(v)
@@ -150,4 +165,4 @@ def render(v: dict[str, Any], plots: list[dict[str, Any]], signature: dict[str, 
             rest.append(item)
     return env.from_string(_TEMPLATE).render(
         v=v, tables=tables, glance=glance(v), plots_after=plots_after, plots_rest=rest, figure=figure,
-        signature=signature, n_plots=sum(1 for i in items if i["data"]))
+        standing=standing, standing_class=_STANDING_CLASS[standing.kind], n_plots=sum(1 for i in items if i["data"]))

@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from kvprobe.disk import mkdir
-from kvprobe.errors import SignatureError
 from kvprobe.report import html, markdown, plots
+from kvprobe.report.standing import Standing
 from kvprobe.run.store import RunDir
-from kvprobe.verdict.sign import parse_signature
 
 
 @dataclass
@@ -19,22 +18,10 @@ class Rendered:
     html: Path
     plots: list[Path] = field(default_factory=list)
     absent: list[str] = field(default_factory=list)  # plots not drawn, and why
-    signature: dict[str, Any] | None = None  # who signed verdict.json (signature_info)
 
 
-def signature_info(run: RunDir) -> dict[str, Any] | None:
-    """Who signed verdict.json (fingerprint and public key from the signature; not a trust check)."""
-    sig = run.path / "verdict.json.sig"
-    if not sig.is_file():
-        return None
-    try:
-        parsed = parse_signature(sig.read_text(errors="replace"))
-    except SignatureError as exc:
-        return {"fingerprint": f"unreadable signature: {exc}", "namespace": "-", "public_line": "-"}
-    return {"fingerprint": parsed.fingerprint, "namespace": parsed.namespace, "public_line": parsed.public_line}
-
-
-def render_reports(run: RunDir, verdict: dict[str, Any]) -> Rendered:
+def render_reports(run: RunDir, verdict: dict[str, Any], standing: Standing) -> Rendered:
+    """`standing`: whether the verdict can be trusted, said first in both reports (kvprobe.report.standing)."""
     out_dir = mkdir(run.path / "plots")
     drawn: list[dict[str, Any]] = []
     for key, title, make, absent in (
@@ -56,9 +43,8 @@ def render_reports(run: RunDir, verdict: dict[str, Any]) -> Rendered:
     else:
         for title, path in heatmaps:
             drawn.append({"key": "needle", "title": title, "png": path.read_bytes(), "path": path, "absent": None})
-    signature = signature_info(run)
     md_plots = [(d["title"], str(d["path"].relative_to(run.path)) if d["path"] else None, d["absent"]) for d in drawn]
-    md_path = run.write_text("report.md", markdown.render(verdict, md_plots, signature))
-    html_path = run.write_text("report.html", html.render(verdict, drawn, signature))
+    md_path = run.write_text("report.md", markdown.render(verdict, md_plots, standing))
+    html_path = run.write_text("report.html", html.render(verdict, drawn, standing))
     return Rendered(md_path, html_path, [d["path"] for d in drawn if d["path"]],
-                    [f"{d['title']}: {d['absent']}" for d in drawn if not d["path"]], signature)
+                    [f"{d['title']}: {d['absent']}" for d in drawn if not d["path"]])

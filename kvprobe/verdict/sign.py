@@ -191,8 +191,11 @@ def verify(message: bytes, armored: str, allowed: list[AllowedSigner], *, namesp
         matches = [a for a in matches if a.matches_principal(principal)]
     if not matches:
         who = f" as {principal!r}" if principal else ""
+        # The fix is the exact line to add: only the reader can say the key is one they expect.
+        line = f'{principal or "kvprobe-signer"} namespaces="{namespace}" {sig.public_line}'
         raise SignatureError(f"signed by {sig.fingerprint}, which {allowed_source} does not allow{who} for "
-                             f"namespace {namespace!r}: the signer is not trusted")
+                             f"namespace {namespace!r}: the signer is not trusted; if that key is one "
+                             f"you expect, add this line to {allowed_source}: {line}")
     principals = [principal] if principal else sorted({p for a in matches for p in a.principals})
     return Signer(sig.fingerprint, principals)
 

@@ -232,8 +232,8 @@ def recorded_copy(name: str, tmp_path: Path) -> Path:
 def test_report_renders_a_rules_2_verdict(tmp_path: Path) -> None:
     run = recorded_copy("xeon-amx-demo", tmp_path)
     result = CliRunner().invoke(main, ["report", str(run)])
-    assert result.exit_code == 0, result.output
-    assert "int8_per_token_head: reject" in result.output
+    assert result.exit_code == 1, result.output  # a reject, and not signed (kvprobe.verdict.verify)
+    assert result.stdout.startswith("NOT verified: ") and "int8_per_token_head: reject" in result.output
     md = (run / "report.md").read_text()
     assert "rules kvprobe.rules/2" in md and (run / "report.html").is_file()
     # The old checks' own outcomes: int8's needle bar was not_measured under rules/2, and it had no

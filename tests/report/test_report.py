@@ -16,8 +16,10 @@ from verdict_inputs import Measurements, needle_cases, perplexity_rows
 
 from kvprobe.cli import main
 from kvprobe.report.plots import request_latencies
+from kvprobe.report.standing import checked, this_run
 from kvprobe.report.write import render_reports
 from kvprobe.verdict.build import write_verdict
+from kvprobe.verdict.verify import examine
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -45,7 +47,7 @@ def sample_run(tmp_path):
 
 def test_markdown_and_html_carry_the_decisions_and_the_plots(sample_run):
     verdict = sample_run.read_json("verdict.json")
-    rendered = render_reports(sample_run, verdict)
+    rendered = render_reports(sample_run, verdict, this_run(sample_run))
     md = rendered.markdown.read_text()
     assert "**Recommendation: cand**" in md
     assert re.search(r"\| int8 \| candidate \| int8_per_token_head \| 200,000 \| 2.00x \| reject \|", md)
@@ -64,13 +66,13 @@ def test_markdown_and_html_carry_the_decisions_and_the_plots(sample_run):
 
 def test_the_needle_probes_own_heatmaps_are_embedded(sample_run):
     data = sample_run.read_json("needle.json")
-    render_reports(sample_run, sample_run.read_json("verdict.json"))
+    render_reports(sample_run, sample_run.read_json("verdict.json"), this_run(sample_run))
     png = (sample_run.path / "plots" / "capacity.png").read_bytes()  # any real PNG will do
     (sample_run.path / "needle").mkdir()
     (sample_run.path / "needle" / "heatmap-ref.png").write_bytes(png)
     sample_run.write_json("needle.json", {**data, "heatmaps": {"ref": "needle/heatmap-ref.png",
                                                                "gone": "needle/missing.png"}})
-    rendered = render_reports(sample_run, sample_run.read_json("verdict.json"))
+    rendered = render_reports(sample_run, sample_run.read_json("verdict.json"), this_run(sample_run))
     assert sample_run.path / "needle" / "heatmap-ref.png" in rendered.plots
     assert "(needle/heatmap-ref.png)" in rendered.markdown.read_text()
     assert rendered.html.read_text().count('<img class="plot"') == 5
@@ -88,20 +90,23 @@ def test_a_run_without_optional_probes_still_renders(tmp_path):
     m.probes_requested = ["capacity"]
     run = m.write(tmp_path / "run")
     verdict, _ = write_verdict(run)
-    rendered = render_reports(run, verdict)
+    rendered = render_reports(run, verdict, this_run(run))
     assert [p.name for p in rendered.plots] == ["capacity.png"]
     assert any("perplexity probe not run" in a for a in rendered.absent)
     assert "perplexity probe not run" in rendered.html.read_text()
 
 
 def test_report_command_rerenders_a_run_and_an_unfinished_one(sample_run, tmp_path):
+    """Both are rendered, and neither is signed: each says NOT verified first and exits 1, though cand is adopted
+    (tests/cli/test_report_show.py has the signed runs)."""
     (sample_run.path / "report.html").unlink(missing_ok=True)
     result = CliRunner().invoke(main, ["report", str(sample_run.path)])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output
     assert (sample_run.path / "report.html").is_file() and "cand: adopt" in result.output
+    assert result.stdout.startswith("NOT verified: ") and "no signature: the verdict is unsigned" in result.stdout
     unfinished = Measurements().write(tmp_path / "unfinished")
     result = CliRunner().invoke(main, ["report", str(unfinished.path)])
-    assert result.exit_code == 0 and "no verdict.json" in result.output
+    assert result.exit_code == 1 and result.stdout.startswith("NOT verified: no verdict.json (the run did not finish)")
     assert not (unfinished.path / "verdict.json").exists()
     missing = CliRunner().invoke(main, ["report", str(tmp_path / "nowhere")])
     assert missing.exit_code == 2 and "not a kvprobe run directory" in missing.output
@@ -118,7 +123,7 @@ def _chromium() -> str:
 
 def test_html_renders_in_headless_chromium(sample_run, tmp_path):
     chromium = _chromium()
-    rendered = render_reports(sample_run, sample_run.read_json("verdict.json"))
+    rendered = render_reports(sample_run, sample_run.read_json("verdict.json"), this_run(sample_run))
     url = rendered.html.resolve().as_uri()
     flags = [*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]
     shot = tmp_path / "shot.png"
@@ -151,7 +156,7 @@ def test_the_first_screen_holds_each_decision_and_its_axes(sample_run, tmp_path)
 
     chromium = _chromium()
     verdict = sample_run.read_json("verdict.json")
-    rendered = render_reports(sample_run, verdict)
+    rendered = render_reports(sample_run, verdict, checked(sample_run, examine(sample_run.path)))
     url = rendered.html.resolve().as_uri()
     flags = [*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,800",
              "--hide-scrollbars", "--force-device-scale-factor=1"]
@@ -163,6 +168,9 @@ def test_the_first_screen_holds_each_decision_and_its_axes(sample_run, tmp_path)
     assert found and found.group(1), "the page's script did not run"
     layout = json.loads(found.group(1).replace("&quot;", '"'))
     assert layout["recommendation"]["y"] + layout["recommendation"]["h"] <= 800
+    # the verdict is unsigned: that is said above the recommendation, on the first screen
+    assert layout["standing"]["y"] + layout["standing"]["h"] <= layout["recommendation"]["y"]
+    assert re.search(r'id="standing">NOT verified: \S+verdict.json.sig: no signature', dom)
     cards = {c["name"]: c for c in layout["cards"]}
     assert {n: c["decision"] for n, c in cards.items()} == {n: d["decision"] for n, d in verdict["decisions"].items()}
     image = np.asarray(Image.open(shot).convert("RGB")).astype(int)

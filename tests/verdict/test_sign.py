@@ -237,3 +237,68 @@ def test_verify_command_exit_codes(signed_run):
     assert "changed after it was signed" in bad.output
     missing = runner.invoke(main, ["verify", str(run_dir / "nothing")])
     assert missing.exit_code == 2 and "no verdict.json there" in missing.output
+
+
+@needs_ssh_keygen
+def test_verify_json_prints_one_document_on_every_run(signed_run, tmp_path):
+    """Holding, untrusted, tampered, unsigned, nothing there: always one kvprobe.verify/1 document with `holds` and
+    every reason, and the exit code verify always had."""
+    run_dir, allowed, key = signed_run
+
+    def document(target: Path, allowed_signers: Path) -> tuple[int, dict]:
+        result = CliRunner().invoke(main, ["verify", str(target), "--allowed-signers", str(allowed_signers), "--json"])
+        return result.exit_code, json.loads(result.stdout)
+
+    code, holding = document(run_dir, allowed)
+    assert code == 0 and holding["holds"] and holding["reasons"] == [] and holding["signature"]["ok"]
+    nobody = tmp_path / "nobody"
+    nobody.write_text("")
+    code, untrusted = document(run_dir, nobody)
+    assert code == 1 and not untrusted["holds"] and "the signer is not trusted" in untrusted["reasons"][0]
+    assert untrusted["signature"]["fingerprint"] == key.fingerprint and not untrusted["signature"]["ok"]
+    assert untrusted["decisions"] == holding["decisions"]  # as the file says them: `holds` says what they are worth
+    flip_a_digit(run_dir / "verdict.json")
+    code, tampered = document(run_dir, allowed)
+    assert code == 1 and not tampered["holds"]
+    assert tampered["reasons"][0] == ("signature does not match the verdict's bytes: the verdict was changed after "
+                                      "it was signed")
+    assert "differ from the run directory's files at probes.perplexity.servers.cand" in tampered["reasons"][1]
+    (run_dir / "verdict.json.sig").unlink()
+    code, unsigned = document(run_dir, allowed)
+    assert code == 1 and "no signature: the verdict is unsigned" in unsigned["reasons"][0]
+    code, missing = document(run_dir / "nothing", allowed)
+    assert code == 2 and not missing["holds"] and missing["decisions"] is None
+    assert "no verdict.json there" in missing["reasons"][0]
+
+
+@needs_ssh_keygen
+def test_an_untrusted_signer_is_told_the_line_that_trusts_it(signed_run, tmp_path):
+    run_dir, _, key = signed_run
+    mine = tmp_path / "mine"
+    mine.write_text("# nobody yet\n")
+    result = CliRunner().invoke(main, ["verify", str(run_dir), "--allowed-signers", str(mine)])
+    assert result.exit_code == 1 and key.fingerprint in result.stderr
+    (line,) = re.findall(rf"the signer is not trusted; if that key is one you expect, add this line to "
+                         rf"{re.escape(str(mine))}: (.+)$", result.stderr, re.M)
+    mine.write_text(line + "\n")
+    assert CliRunner().invoke(main, ["verify", str(run_dir), "--allowed-signers", str(mine)]).exit_code == 0
+    assert ssh_verify(mine, run_dir / "verdict.json", principal="kvprobe-signer").returncode == 0
+
+
+def test_verify_unsigned_rederives_an_unsigned_run(tmp_path):
+    run = Measurements().write(tmp_path / "run")
+    write_verdict(run)
+    assert CliRunner().invoke(main, ["verify", str(run.path)]).exit_code == 1
+    result = CliRunner().invoke(main, ["verify", str(run.path), "--unsigned"])
+    assert result.exit_code == 0, result.output
+    assert "signature not required (--unsigned): " in result.stdout and "no signature" in result.stdout
+    assert "decisions re-derived" in result.stdout and "cand adopt" in result.stdout
+    as_json = json.loads(CliRunner().invoke(main, ["verify", str(run.path), "--unsigned", "--json"]).stdout)
+    assert as_json["holds"] and as_json["unsigned"] and not as_json["signature"]["ok"]
+    assert "no signature" in as_json["signature"]["problem"]
+    path = run.path / "verdict.json"
+    verdict = orjson.loads(path.read_bytes())
+    verdict["decisions"]["cand"]["decision"] = "reject"
+    path.write_bytes(verdict_bytes(verdict))
+    edited = CliRunner().invoke(main, ["verify", str(run.path), "--unsigned"])
+    assert edited.exit_code == 1 and "recorded decision 'reject', the numbers give 'adopt'" in edited.stderr
