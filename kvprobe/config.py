@@ -76,11 +76,7 @@ class Server(_Strict):
     @field_validator("url")
     @classmethod
     def _http_url(cls, value: str) -> str:
-        parsed = urlparse(value)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise ValueError(f"{value!r} is not an http(s) URL like http://127.0.0.1:8000")
-        # Accept the OpenAI-style base too: kvprobe adds /v1 itself.
-        return value.rstrip("/").removesuffix("/v1")
+        return base_url(value)
 
     @field_validator("headers")
     @classmethod
@@ -93,6 +89,32 @@ class Server(_Strict):
 
     def api_key(self) -> str | None:
         return settings.api_key(self.api_key_env)
+
+
+def base_url(value: str) -> str:
+    """The server's base URL (scheme, host, port): ValueError, in words naming the fix, for anything
+    else. Only an optional /v1 may follow, as OpenAI-style clients write it: kvprobe adds the API paths
+    itself, so a path would be requested under another path, and the plan's host:port would hide it."""
+    parsed = urlparse(value.strip())
+    if parsed.username is not None or parsed.password is not None:  # before any echo of the value
+        raise ValueError("credentials in the URL: put the key in an environment variable and name it in "
+                         "api_key_env (the URL is not shown)")
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(f"{value!r} is not an http(s) URL like http://127.0.0.1:8000")
+    try:
+        port = parsed.port
+    except ValueError:  # urllib's words ("Port out of range 0-65535") name neither the port nor the fix
+        port = -1
+    if port is not None and not 1 <= port <= 65535:
+        written = parsed.netloc.rpartition(":")[2]
+        kind = "is out of range" if written.isdigit() else "is not a number"
+        raise ValueError(f"port {written} {kind}: a port is 1-65535")
+    base = f"{parsed.scheme}://{parsed.netloc}"
+    rest = value.strip()[len(base):]
+    if rest.rstrip("/").removesuffix("/v1"):
+        raise ValueError(f"the path {rest} is not part of a server's address: give {base} (with or without "
+                         "/v1): kvprobe adds the API paths itself")
+    return base
 
 
 class SmokeSettings(_Strict):

@@ -83,6 +83,22 @@ def test_no_reference_and_two_references(tmp_path: Path) -> None:
     assert "found bf16, fp8" in line
 
 
+@pytest.mark.parametrize(("url", "said"), [
+    ("http://10.0.0.6:80000", "port 80000 is out of range: a port is 1-65535"),
+    ("http://10.0.0.6:0", "port 0 is out of range: a port is 1-65535"),
+    ("http://10.0.0.6:http", "port http is not a number: a port is 1-65535"),
+    ("http://h:8000/v1/chat/completions", "the path /v1/chat/completions is not part of a server's address: give "
+                                          "http://h:8000 (with or without /v1): kvprobe adds the API paths itself"),
+    ("https://gw.example/vllm", "the path /vllm is not part of a server's address"),
+])
+def test_a_url_is_a_servers_address_and_nothing_more(tmp_path: Path, url: str, said: str) -> None:
+    (line,) = problems(tmp_path, GOOD.replace("http://127.0.0.1:8102", url))
+    assert line.startswith(f"{tmp_path / 'servers.toml'}: server[1].url: {said}")
+    for fine in ("http://127.0.0.1:8102/v1/", "https://[::1]:8443", "http://gpu-7.internal"):
+        assert load_config(write(tmp_path, GOOD.replace("http://127.0.0.1:8102", fine))).candidates[0].url == \
+            fine.removesuffix("/").removesuffix("/v1")
+
+
 def test_bad_url_and_bad_role(tmp_path: Path) -> None:
     lines = problems(tmp_path, GOOD.replace("http://127.0.0.1:8102", "htp:/x").replace(
         'role = "reference"', 'role = "gold"'))

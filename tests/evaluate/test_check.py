@@ -165,6 +165,46 @@ def test_each_problem_is_one_line_and_exit_2(tmp_path: Path, text: str, args: li
     assert SECRET not in result.output
 
 
+# -- files that cannot answer: refused (exit 2) or warned about, one line each ----------------------
+
+def _refused(result: Result) -> str:
+    assert result.exit_code == 2, result.output
+    (line,) = error_lines(result)
+    assert result.stdout == ""
+    return line.removeprefix("error: ")
+
+
+def test_a_url_with_an_api_path_is_refused_naming_the_path(tmp_path: Path) -> None:
+    path = write(tmp_path, SERVERS.replace("http://127.0.0.1:8102/v1", "http://127.0.0.1:8102/v1/chat/completions"))
+    assert _refused(check(str(path))) == (
+        f"{path}: server[1].url: the path /v1/chat/completions is not part of a server's address: give "
+        "http://127.0.0.1:8102 (with or without /v1): kvprobe adds the API paths itself")
+
+
+def _port_80000(tmp_path: Path) -> Path:
+    return write(tmp_path, SERVERS.replace("http://127.0.0.1:8102/v1", "http://10.0.0.6:80000"))
+
+
+def test_a_port_out_of_range_is_one_line_in_check(tmp_path: Path) -> None:
+    path = _port_80000(tmp_path)
+    assert _refused(check(str(path))) == f"{path}: server[1].url: port 80000 is out of range: a port is 1-65535"
+
+
+def test_a_port_out_of_range_stops_eval_before_any_server_is_asked(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvprobe.server import client
+
+    def no_server(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("eval made a client for a servers.toml it should have refused")
+
+    monkeypatch.setattr(client.Client, "__init__", no_server)
+    path, out = _port_80000(tmp_path), tmp_path / "run"
+    result = CliRunner().invoke(main, ["eval", "--servers", str(path), "--out", str(out)], catch_exceptions=False)
+    assert result.exit_code == 2, result.output
+    assert error_lines(result) == [f"error: {path}: server[1].url: port 80000 is out of range: a port is 1-65535"]
+    assert not out.exists()
+
+
 def test_problems_as_json(tmp_path: Path) -> None:
     bad = check(str(write(tmp_path, "[bars]\nbogus = 1\n" + SERVERS)), "--json")
     assert bad.exit_code == 2
