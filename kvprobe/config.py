@@ -2,19 +2,33 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 from urllib.parse import urlparse
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from kvprobe import settings
 from kvprobe.errors import ConfigError
 
 # Header names that carry credentials: those belong in the environment (api_key_env), not in a file.
 _SECRET_HEADERS = {"authorization", "proxy-authorization", "x-api-key", "api-key", "cookie"}
+# Keys someone writes a credential under: refused with the environment advice, the value never shown.
+_SECRET_KEYS = {"api_key", "apikey", "key", "token", "api_token", "access_token", "bearer", "bearer_token",
+                "password", "secret", "authorization"}
+
 
 
 class _Strict(BaseModel):
@@ -62,7 +76,7 @@ class Server(_Strict):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     url: str
     role: Literal["reference", "candidate"] = "candidate"
-    api_key_env: str | None = None
+    api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     timeout_s: float = Field(600.0, gt=0)
     headers: dict[str, str] = Field(default_factory=dict)
     model: str | None = Field(None, description="model id to request; default: the first of /v1/models")
@@ -350,9 +364,77 @@ class Config(_Strict):
         return data
 
 
-def _where(loc: tuple[Any, ...]) -> str:
-    parts: list[str] = []
+# -- one line per problem -------------------------------------------------------------------------
+
+# The fix for a value that does not match a field's pattern, by the field's name.
+_PATTERN_FIXES = {
+    "name": "use letters, digits and . _ - only, starting with a letter or digit",
+    "knob": "use a vLLM setting's name in lower case with underscores, e.g. kv_cache_dtype",
+    "api_key_env": "give the NAME of the environment variable that holds the key (letters, digits, _), "
+                   "not the key itself",
+}
+# The fix for a single table where a list of tables belongs, by the key.
+_LIST_FIXES = {"server": "write each server as its own [[server]] table (two brackets)",
+               "shapes": "write each shape as its own [[load.shapes]] table (two brackets)"}
+# What a type error expects, in TOML's words.
+_EXPECTED = {
+    "int_type": "a whole number", "int_parsing": "a whole number", "int_from_float": "a whole number",
+    "float_type": "a number", "float_parsing": "a number", "bool_type": "true or false",
+    "bool_parsing": "true or false", "string_type": "a string in quotes", "list_type": "a list, like [1, 2]",
+    "dict_type": "a table", "model_type": "a table", "model_attributes_type": "a table",
+}
+
+
+@dataclass
+class _Place:
+    """Where a pydantic error is in servers.toml: its key path without union member tags, the table
+    (model) its last key sits in, and how deep the union field it is under sits (0: none)."""
+
+    path: list[str | int]
+    table: type[BaseModel] | None
+    union_depth: int
+
+
+def _keys(model: type[BaseModel]) -> list[str]:
+    return [field.alias or name for name, field in model.model_fields.items()]
+
+
+def _table_of(annotation: Any) -> type[BaseModel] | None:
+    """The table type a field holds: itself, a list of it, or it or None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((t for t in map(_table_of, get_args(annotation)) if t is not None), None)
+
+
+def _is_union(annotation: Any) -> bool:
+    """A union pydantic tries member by member, tagging each error with the member (`X | None` is not one)."""
+    return (get_origin(annotation) in (Union, UnionType)
+            and sum(a is not type(None) for a in get_args(annotation)) > 1)
+
+
+def _place(loc: tuple[Any, ...]) -> _Place:
+    model: type[BaseModel] | None = Config
+    place = _Place([], None, 0)
+    tag_next = False
     for item in loc:
+        if tag_next:  # the union member pydantic tried ("float", "dict[str,float]"): not a key
+            tag_next = False
+            continue
+        place.path.append(item)
+        if isinstance(item, int) or model is None:  # a list index, or a key inside a plain table (headers)
+            continue
+        place.table = model
+        field = model.model_fields.get(item) or next(
+            (f for f in model.model_fields.values() if f.alias == item), None)
+        model = _table_of(field.annotation) if field else None
+        if field is not None and _is_union(field.annotation):
+            tag_next, place.union_depth = True, len(place.path)
+    return place
+
+
+def _where(path: list[str | int]) -> str:
+    parts: list[str] = []
+    for item in path:
         if isinstance(item, int):
             parts[-1] = f"{parts[-1]}[{item}]" if parts else f"[{item}]"
         else:
@@ -360,20 +442,88 @@ def _where(loc: tuple[Any, ...]) -> str:
     return ".".join(parts) or "(top level)"
 
 
-def _explain(err: dict[str, Any]) -> str:
-    kind, msg = err["type"], err["msg"]
+def _table_name(path: list[str | int]) -> str:
+    keys = [str(p) for p in path[:-1] if isinstance(p, str)]
+    if not keys:
+        return "the top level"
+    return f"[[{'.'.join(keys)}]]" if isinstance(path[-2], int) else f"[{'.'.join(keys)}]"
+
+
+def _suggest(place: _Place) -> str | None:
+    """The key of its table an unknown key is closest to, if any is close."""
+    close = difflib.get_close_matches(str(place.path[-1]), _keys(place.table) if place.table else [], n=1)
+    return close[0] if close else None
+
+
+def _unknown(place: _Place) -> str:
+    if str(place.path[-1]).lower().replace("-", "_") in _SECRET_KEYS:
+        return ("keys are read only from the environment: export the key in a variable and name it in the "
+                "[[server]] table, api_key_env = \"NAME\" (the value is not shown)")
+    if (meant := _suggest(place)) is not None:
+        return f"unknown key: did you mean '{meant}'?"
+    known = ", ".join(_keys(place.table)) if place.table else ""
+    return f"unknown key: remove it ({_table_name(place.path)} takes {known})"
+
+
+def _explain(err: dict[str, Any], place: _Place) -> str:
+    kind, ctx = err["type"], err.get("ctx") or {}
+    key = next((str(p) for p in reversed(place.path) if isinstance(p, str)), "")
     if kind == "extra_forbidden":
-        return "unknown key: remove it or check its spelling"
+        return _unknown(place)
     if kind == "missing":
-        return "required key is missing"
-    return msg.removeprefix("Value error, ")
+        return f"required key is missing: {_LIST_FIXES.get(key, 'add it')}"
+    if kind == "list_type" and key in _LIST_FIXES:
+        return _LIST_FIXES[key]
+    if kind in _EXPECTED:
+        return f"must be {_EXPECTED[kind]}"
+    if kind == "literal_error":
+        return f"must be {ctx['expected']}".replace("'", '"')
+    if kind == "string_pattern_mismatch":
+        return _PATTERN_FIXES.get(key, err["msg"])
+    bounds = {"greater_than_equal": ("at least", "ge"), "greater_than": ("more than", "gt"),
+              "less_than_equal": ("at most", "le"), "less_than": ("less than", "lt")}
+    if kind in bounds:
+        words, name = bounds[kind]
+        return f"must be {words} {ctx[name]}"
+    if kind in ("too_short", "string_too_short"):
+        return "must not be empty" if ctx.get("min_length") == 1 else f"give at least {ctx['min_length']}"
+    return err["msg"].removeprefix("Value error, ")
+
+
+def _line(source: str, path: list[str | int], text: str) -> str:
+    return f"{source}: {_where(path)}: {text}"
+
+
+def _problems(exc: ValidationError, source: str) -> list[str]:
+    """One line per problem: an error under a union field is pydantic's one per member tried, said once
+    (the members' expectations joined by "or"), or only where the value went deeper into one member."""
+    placed = [(_place(err["loc"]), err) for err in exc.errors()]
+    # A required key an unknown one is a slip of ([[servers]]) is said once, by the did-you-mean.
+    meant = {(*p.path[:-1], _suggest(p)) for p, e in placed if e["type"] == "extra_forbidden"}
+    groups: dict[tuple[Any, ...], list[tuple[_Place, dict[str, Any]]]] = {}
+    for place, err in placed:
+        if err["type"] == "missing" and tuple(place.path) in meant:
+            continue
+        root = place.path[:place.union_depth] if place.union_depth else place.path
+        groups.setdefault(tuple(root), []).append((place, err))
+    lines: list[str] = []
+    for root, members in groups.items():
+        deeper = [(p, e) for p, e in members if len(p.path) > len(root)]
+        if deeper:
+            lines += [_line(source, p.path, _explain(e, p)) for p, e in deeper]
+            continue
+        said = list(dict.fromkeys(_explain(e, p) for p, e in members))
+        if all(text.startswith("must be ") for text in said):
+            said = ["must be " + " or ".join(text.removeprefix("must be ") for text in said)]
+        lines.append(_line(source, list(root), "; ".join(said)))
+    return list(dict.fromkeys(lines))
 
 
 def parse_config(data: dict[str, Any], source: str = "servers.toml") -> Config:
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError([f"{source}: {_where(e['loc'])}: {_explain(e)}" for e in exc.errors()]) from None
+        raise ConfigError(_problems(exc, source)) from None
     problems: list[str] = []
     seen: set[str] = set()
     for i, server in enumerate(config.server):

@@ -71,6 +71,46 @@ def test_unknown_bar_is_named(tmp_path: Path) -> None:
     assert "bars.perplexity_delta_maxx" in line
 
 
+def test_a_misspelled_key_says_did_you_mean(tmp_path: Path) -> None:
+    (line,) = problems(tmp_path, GOOD.replace("perplexity_delta_max", "perplexity_delta_mx"))
+    assert line == (f"{tmp_path / 'servers.toml'}: bars.perplexity_delta_mx: unknown key: did you mean "
+                    "'perplexity_delta_max'?")
+    (line,) = problems(tmp_path, GOOD.replace("[[server]]", "[[servers]]", 1).replace("[[server]]", "[[servers]]"))
+    assert line.endswith("servers: unknown key: did you mean 'server'?")  # server itself is then not "missing"
+    (line,) = problems(tmp_path, GOOD + 'colour = "blue"\n')
+    assert line.endswith("server[1].colour: unknown key: remove it ([[server]] takes name, url, role, api_key_env, "
+                         "timeout_s, headers, model, tokenizer, attention_backend)")
+
+
+def test_an_api_key_in_the_file_gets_the_environment_advice_and_is_never_shown(tmp_path: Path) -> None:
+    secret = "sk-live-in-the-file-93f1"
+    (line,) = problems(tmp_path, GOOD + f'api_key = "{secret}"\n')
+    assert line.startswith(f"{tmp_path / 'servers.toml'}: server[1].api_key: keys are read only from the environment")
+    assert 'api_key_env = "NAME"' in line and secret not in line
+    # nor in a URL, nor as the variable's name
+    (line,) = problems(tmp_path, GOOD.replace("http://127.0.0.1:8102", f"http://user:{secret}@127.0.0.1:8102"))
+    assert "server[1].url: credentials in the URL" in line and secret not in line
+    (line,) = problems(tmp_path, GOOD + f'api_key_env = "{secret}"\n')
+    assert "server[1].api_key_env: give the NAME of the environment variable" in line and secret not in line
+
+
+def test_pydantic_errors_become_one_line_naming_the_key_and_the_fix(tmp_path: Path) -> None:
+    where = tmp_path / "servers.toml"
+    cases = {
+        GOOD.replace("[bars]", '[bars]\ntask_accuracy_drop_max = "x"'):
+            "bars.task_accuracy_drop_max: must be a number or a table",
+        GOOD + '[load]\nendpoint = "all"\n': 'load.endpoint: must be "sweep" or a whole number',
+        GOOD + "[needle]\ncount = 0\n": "needle.count: must be at least 1",
+        GOOD + '[needle]\ncount = "many"\n': "needle.count: must be a whole number",
+        '[server]\nname = "x"\nurl = "http://127.0.0.1:1"\n': "server: write each server as its own [[server]] "
+                                                                  "table (two brackets)",
+    }
+    for text, said in cases.items():
+        assert problems(tmp_path, text) == [f"{where}: {said}"], text
+    (line,) = problems(tmp_path, GOOD.replace('role = "reference"', 'role = "gold"'))
+    assert line == f'{where}: server[0].role: must be "reference" or "candidate"'
+
+
 def test_duplicate_names(tmp_path: Path) -> None:
     (line,) = problems(tmp_path, GOOD.replace('name = "fp8"', 'name = "bf16"'))
     assert "server[1].name" in line and "duplicate" in line

@@ -85,4 +85,5 @@ def test_config_knob_default_and_validation() -> None:
     assert parse_config({"knob": "mamba_ssm_cache_dtype", "server": servers}).knob == "mamba_ssm_cache_dtype"
     with pytest.raises(ConfigError) as err:
         parse_config({"knob": "Mamba SSM", "server": servers})
-    assert err.value.problems[0].startswith("servers.toml: knob: String should match pattern")
+    assert err.value.problems == ["servers.toml: knob: use a vLLM setting's name in lower case with underscores, "
+                                  "e.g. kv_cache_dtype"]

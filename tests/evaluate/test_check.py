@@ -138,7 +138,8 @@ def test_the_model_configs_context_bounds_what_a_server_of_it_can_serve(tmp_path
 
 @pytest.mark.parametrize(("text", "args", "expected"), [
     ("knob = \n" + SERVERS, [], ["not valid TOML"]),
-    ("[bars]\nperplexity_delta_mx = 0.01\n" + SERVERS, [], ["bars.perplexity_delta_mx: unknown key"]),
+    ("[bars]\nperplexity_delta_mx = 0.01\n" + SERVERS, [],
+     ["bars.perplexity_delta_mx: unknown key: did you mean 'perplexity_delta_max'?"]),
     (SERVERS.replace("KVPROBE_CHECK_KEY", "KVPROBE_CHECK_UNSET"), [],
      ["server[0].api_key_env: environment variable KVPROBE_CHECK_UNSET is not set"]),
     ('model_config = "no/such/config.json"\n' + SERVERS, [],
@@ -210,7 +211,10 @@ def test_problems_as_json(tmp_path: Path) -> None:
     assert bad.exit_code == 2
     assert json.loads(bad.stdout) == {"servers_file": str(tmp_path / "servers.toml"), "valid": False,
                                       "problems": [f"{tmp_path / 'servers.toml'}: bars.bogus: unknown key: remove "
-                                                   "it or check its spelling"]}
+                                                   "it ([bars] takes perplexity_delta_max, "
+                                                   "needle_recall_drop_max, truncation_rise_max, capacity_gain_min, "
+                                                   "throughput_drop_max, p99_latency_rise_max, kl_mean_max, "
+                                                   "task_accuracy_drop_max, top1_agreement_min)"]}
     late = check(str(write(tmp_path, "[needle]\nmax_tokens = 1024\n" + SERVERS)), "--json", "--max-model-len", "512")
     data = json.loads(late.stdout)
     assert late.exit_code == 2 and data["valid"] is False and data["estimate"] is None
