@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -29,15 +31,42 @@ _SECRET_HEADERS = {"authorization", "proxy-authorization", "x-api-key", "api-key
 _SECRET_KEYS = {"api_key", "apikey", "key", "token", "api_token", "access_token", "bearer", "bearer_token",
                 "password", "secret", "authorization"}
 
+# Bars that are fractions, a relative change or a share of answers, with the sign a loss reads with: 5 is
+# +500%, not the 5% its author meant, and a bar that loose passes anything. From servers.toml, one over
+# LARGE_BAR needs allow_large_bars = true, or the unit spelled out ("500%").
+FRACTION_BARS = {"perplexity_delta_max": "+", "capacity_gain_min": "+", "throughput_drop_max": "-",
+                 "p99_latency_rise_max": "+", "needle_recall_drop_max": "-", "truncation_rise_max": "+",
+                 "task_accuracy_drop_max": "-"}
+LARGE_BAR = 0.5
+_PERCENT = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*%")
+# parse_config validates with this context: only a bar as an operator wrote it is held to LARGE_BAR (a
+# verdict's recorded bars are validated again by `kvprobe verify`, without it).
+_WRITTEN = {"written": True}
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _fraction(value: Any, sign: str | None, written: bool, member: str = "") -> Any:
+    """A bar's value: "5%" is 0.05; a bare number over LARGE_BAR is refused when `written` (`sign` set:
+    a fraction bar, without allow_large_bars). `member`: the task, in a table of per-task bars."""
+    if isinstance(value, str) and (match := _PERCENT.fullmatch(value.strip())):
+        return float(match[1]) / 100
+    large = isinstance(value, int | float) and not isinstance(value, bool) and value > LARGE_BAR
+    if written and sign and large:
+        key = f"{member} " if member else ""
+        raise ValueError(f"{key}= {value:g} reads as {sign}{value:.0%}: write {value / 100:g} for {value:g}%, "
+                         "or set allow_large_bars = true")
+    return value
+
+
 class Bars(_Strict):
     """Acceptance bars, fixed before any number comes in; stored in the verdict."""
 
+    # First, so the bars' validator sees it. Not stored: the verdict records the bars' values themselves.
+    allow_large_bars: bool = Field(False, exclude=True, description="let a fraction bar be over 0.5 (50%) as a "
+                                   "bare number; \"60%\" needs no permission")
     perplexity_delta_max: float = Field(0.01, ge=0, description="relative perplexity rise, candidate vs reference")
     needle_recall_drop_max: float = Field(
         0.10, ge=0, le=1, description="needle recall drop (absolute). A pass needs about ln(0.025) / ln(1 - bar) "
@@ -57,6 +86,15 @@ class Bars(_Strict):
         "0.02); the shipped kvprobe_qa has 40")
     top1_agreement_min: float | None = Field(None, ge=0, le=1, description="optional bar on top-1 agreement")
 
+
+    @field_validator(*FRACTION_BARS, "top1_agreement_min", mode="before")
+    @classmethod
+    def _as_written(cls, value: Any, info: ValidationInfo) -> Any:
+        sign = FRACTION_BARS.get(info.field_name or "") if not info.data.get("allow_large_bars") else None
+        written = bool((info.context or {}).get("written"))
+        if isinstance(value, dict):  # task_accuracy_drop_max per task
+            return {k: _fraction(v, sign, written, k) for k, v in value.items()}
+        return _fraction(value, sign, written)
 
     @field_validator("task_accuracy_drop_max")
     @classmethod
@@ -491,7 +529,9 @@ def _explain(err: dict[str, Any], place: _Place) -> str:
 
 
 def _line(source: str, path: list[str | int], text: str) -> str:
-    return f"{source}: {_where(path)}: {text}"
+    # "bars.perplexity_delta_max = 5 reads as ...": a message that quotes the value follows the key
+    sep = " " if text.startswith("= ") else ": "
+    return f"{source}: {_where(path)}{sep}{text}"
 
 
 def _problems(exc: ValidationError, source: str) -> list[str]:
@@ -521,7 +561,7 @@ def _problems(exc: ValidationError, source: str) -> list[str]:
 
 def parse_config(data: dict[str, Any], source: str = "servers.toml") -> Config:
     try:
-        config = Config.model_validate(data)
+        config = Config.model_validate(data, context=_WRITTEN)
     except ValidationError as exc:
         raise ConfigError(_problems(exc, source)) from None
     problems: list[str] = []

@@ -139,6 +139,21 @@ def test_a_url_is_a_servers_address_and_nothing_more(tmp_path: Path, url: str, s
             fine.removesuffix("/").removesuffix("/v1")
 
 
+def test_a_bar_over_half_needs_allow_large_bars_or_a_spelled_out_unit(tmp_path: Path) -> None:
+    where = tmp_path / "servers.toml"
+    assert problems(tmp_path, GOOD.replace("0.02", "5")) == [
+        f"{where}: bars.perplexity_delta_max = 5 reads as +500%: write 0.05 for 5%, or set allow_large_bars = true"]
+    assert problems(tmp_path, GOOD.replace("0.02", "1\nthroughput_drop_max = 0.6")) == [
+        f"{where}: bars.perplexity_delta_max = 1 reads as +100%: write 0.01 for 1%, or set allow_large_bars = true",
+        f"{where}: bars.throughput_drop_max = 0.6 reads as -60%: write 0.006 for 0.6%, or set allow_large_bars = "
+        "true"]
+    allowed = load_config(write(tmp_path, GOOD.replace("0.02", "5\nallow_large_bars = true")))
+    assert allowed.bars.perplexity_delta_max == 5
+    assert "allow_large_bars" not in allowed.public_dict()["bars"]  # the verdict records the bars themselves
+    spelled = load_config(write(tmp_path, GOOD.replace("0.02", '"5%"\ncapacity_gain_min = "100%"')))
+    assert (spelled.bars.perplexity_delta_max, spelled.bars.capacity_gain_min) == (0.05, 1.0)
+
+
 def test_bad_url_and_bad_role(tmp_path: Path) -> None:
     lines = problems(tmp_path, GOOD.replace("http://127.0.0.1:8102", "htp:/x").replace(
         'role = "reference"', 'role = "gold"'))
@@ -189,7 +204,13 @@ def test_task_bars_global_per_task_and_checked_against_the_task_names(tmp_path: 
     bad = GOOD.replace("[bars]", tasks + "{a = 0.1, c = 0.2}")
     (one, two) = problems(tmp_path, bad)
     assert "c is not in tasks.names (a, b)" in one and "no bar for b" in two
-    assert "fraction in [0, 1]" in problems(tmp_path, GOOD.replace("[bars]", "[bars]\ntask_accuracy_drop_max = 2"))[0]
+    assert "task_accuracy_drop_max = 2 reads as -200%" in problems(
+        tmp_path, GOOD.replace("[bars]", "[bars]\ntask_accuracy_drop_max = 2"))[0]
+    (line,) = problems(tmp_path, GOOD.replace("[bars]", tasks + "{a = 0.1, b = 0.8}"))
+    assert line.endswith("bars.task_accuracy_drop_max: b = 0.8 reads as -80%: write 0.008 for 0.8%, or set "
+                         "allow_large_bars = true")
+    allowed = GOOD.replace("[bars]", "[bars]\nallow_large_bars = true\ntask_accuracy_drop_max = 2")
+    assert "fraction in [0, 1]" in problems(tmp_path, allowed)[0]
 
 
 def test_tasks_settings_are_checked(tmp_path: Path) -> None:

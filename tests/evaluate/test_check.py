@@ -175,6 +175,17 @@ def _refused(result: Result) -> str:
     return line.removeprefix("error: ")
 
 
+@pytest.mark.parametrize(("bar", "said"), [
+    ("1", "= 1 reads as +100%: write 0.01 for 1%, or set allow_large_bars = true"),
+    ("5", "= 5 reads as +500%: write 0.05 for 5%, or set allow_large_bars = true"),
+])
+def test_a_perplexity_bar_read_as_hundreds_of_percent_is_refused(tmp_path: Path, bar: str, said: str) -> None:
+    path = write(tmp_path, f"[bars]\nperplexity_delta_max = {bar}\n" + SERVERS)
+    assert _refused(check(str(path))) == f"{path}: bars.perplexity_delta_max {said}"
+    fine = check(str(write(tmp_path, f"[bars]\nperplexity_delta_max = {bar}\nallow_large_bars = true\n" + SERVERS)))
+    assert fine.exit_code == 0, fine.output
+
+
 def test_a_url_with_an_api_path_is_refused_naming_the_path(tmp_path: Path) -> None:
     path = write(tmp_path, SERVERS.replace("http://127.0.0.1:8102/v1", "http://127.0.0.1:8102/v1/chat/completions"))
     assert _refused(check(str(path))) == (
@@ -211,7 +222,7 @@ def test_problems_as_json(tmp_path: Path) -> None:
     assert bad.exit_code == 2
     assert json.loads(bad.stdout) == {"servers_file": str(tmp_path / "servers.toml"), "valid": False,
                                       "problems": [f"{tmp_path / 'servers.toml'}: bars.bogus: unknown key: remove "
-                                                   "it ([bars] takes perplexity_delta_max, "
+                                                   "it ([bars] takes allow_large_bars, perplexity_delta_max, "
                                                    "needle_recall_drop_max, truncation_rise_max, capacity_gain_min, "
                                                    "throughput_drop_max, p99_latency_rise_max, kl_mean_max, "
                                                    "task_accuracy_drop_max, top1_agreement_min)"]}
