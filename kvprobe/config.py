@@ -142,6 +142,11 @@ class Server(_Strict):
     def api_key(self) -> str | None:
         return settings.api_key(self.api_key_env)
 
+    def unset_key_env(self) -> str | None:
+        """The variable api_key_env names, when the environment leaves it unset: requests then go
+        without a key, which a server that needs one answers with 401."""
+        return self.api_key_env if self.api_key_env and not self.api_key() else None
+
 
 def base_url(value: str) -> str:
     """The server's base URL (scheme, host, port): ValueError, in words naming the fix, for anything
@@ -570,9 +575,6 @@ def parse_config(data: dict[str, Any], source: str = "servers.toml") -> Config:
         if server.name in seen:
             problems.append(f"{source}: server[{i}].name: duplicate name {server.name!r}: names must be unique")
         seen.add(server.name)
-        if server.api_key_env and not settings.api_key(server.api_key_env):
-            problems.append(f"{source}: server[{i}].api_key_env: environment variable {server.api_key_env} "
-                            f"is not set: export it with {server.name}'s API key")
     bar = config.bars.task_accuracy_drop_max
     if isinstance(bar, dict):
         unknown = sorted(set(bar) - set(config.tasks.names) - {"default"})
@@ -591,9 +593,48 @@ def parse_config(data: dict[str, Any], source: str = "servers.toml") -> Config:
         found = ", ".join(refs) if refs else "none"
         problems.append(f"{source}: server.role: exactly one server must have role = \"reference\" "
                         f"(found {found})")
+    elif not config.candidates:  # eval would only keep the reference, exit 0: a CI job would pass on nothing
+        problems.append(f"{source}: server: no candidate to compare with the reference {refs[0]}: add a "
+                        "[[server]] with role = \"candidate\" (the default)")
     if problems:
         raise ConfigError(problems)
     return config
+
+
+def unset_keys(config: Config, source: str = "servers.toml") -> list[str]:
+    """A line per api_key_env variable the environment leaves unset, at the first server naming it. Not an
+    error: the key is optional, and a server that needs one stops the run at its first request (401,
+    naming the variable)."""
+    named: dict[str, list[tuple[int, Server]]] = {}
+    for i, server in enumerate(config.server):
+        if var := server.unset_key_env():
+            named.setdefault(var, []).append((i, server))
+    lines = []
+    for var, servers in named.items():
+        who = " and ".join(server.name for _, server in servers)
+        verb, need = ("is", f"{who} needs") if len(servers) == 1 else ("are", "they need")
+        lines.append(f"{source}: server[{servers[0][0]}].api_key_env: {var} is not set, so {who} {verb} sent no "
+                     f"API key: export it if {need} one")
+    return lines
+
+
+def _endpoint(url: str) -> tuple[str, str | None, int]:
+    parsed = urlparse(url)
+    return parsed.scheme, parsed.hostname, parsed.port or (443 if parsed.scheme == "https" else 80)
+
+
+def shared_urls(config: Config, source: str = "servers.toml") -> list[str]:
+    """A line per server at the URL of one listed before it. `check` refuses it; eval runs it (an A/A
+    comparison measures the noise a candidate is judged against) and says it."""
+    first: dict[tuple[str, str | None, int], Server] = {}
+    lines = []
+    for i, server in enumerate(config.server):
+        other = first.setdefault(_endpoint(server.url), server)
+        if other is not server:
+            lines.append(f"{source}: server[{i}].url: {server.name} and {other.name} are the same server "
+                         f"({server.url}): a server compared with itself measures only noise; point each "
+                         "[[server]] at its own server")
+    return lines
 
 
 def load_config(path: str | Path) -> Config:

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from kvprobe.config import load_config, parse_config
+from kvprobe.config import load_config, parse_config, shared_urls, unset_keys
 from kvprobe.errors import ConfigError
 
 GOOD = """
@@ -123,6 +123,20 @@ def test_no_reference_and_two_references(tmp_path: Path) -> None:
     assert "found bf16, fp8" in line
 
 
+def test_no_candidate_is_refused(tmp_path: Path) -> None:
+    (line,) = problems(tmp_path, GOOD.split('[[server]]\nname = "fp8"')[0])
+    assert line == (f"{tmp_path / 'servers.toml'}: server: no candidate to compare with the reference bf16: add a "
+                    '[[server]] with role = "candidate" (the default)')
+
+
+def test_servers_at_one_url_are_named(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, GOOD.replace("8102", "8101/")))
+    assert shared_urls(config, "s.toml") == [
+        "s.toml: server[1].url: fp8 and bf16 are the same server (http://127.0.0.1:8101): a server compared with "
+        "itself measures only noise; point each [[server]] at its own server"]
+    assert shared_urls(load_config(write(tmp_path, GOOD))) == []
+
+
 @pytest.mark.parametrize(("url", "said"), [
     ("http://10.0.0.6:80000", "port 80000 is out of range: a port is 1-65535"),
     ("http://10.0.0.6:0", "port 0 is out of range: a port is 1-65535"),
@@ -162,14 +176,20 @@ def test_bad_url_and_bad_role(tmp_path: Path) -> None:
     assert len(lines) == 2  # every problem reported at once
 
 
-def test_api_key_env_must_be_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unset_key_variable_is_a_warning_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KVPROBE_TEST_KEY", raising=False)
     text = GOOD + 'api_key_env = "KVPROBE_TEST_KEY"\n'
-    (line,) = problems(tmp_path, text)
-    assert "KVPROBE_TEST_KEY is not set" in line and "server[1].api_key_env" in line
+    config = load_config(write(tmp_path, text))  # optional: a server that needs no key is measured without one
+    assert config.candidates[0].unset_key_env() == "KVPROBE_TEST_KEY" and config.candidates[0].api_key() is None
+    assert unset_keys(config, "s.toml") == ["s.toml: server[1].api_key_env: KVPROBE_TEST_KEY is not set, so fp8 is "
+                                            "sent no API key: export it if fp8 needs one"]
+    both = load_config(write(tmp_path, text.replace('role = "reference"', 'role = "reference"\napi_key_env = '
+                                                                         '"KVPROBE_TEST_KEY"')))
+    assert unset_keys(both, "s.toml") == ["s.toml: server[0].api_key_env: KVPROBE_TEST_KEY is not set, so bf16 and "
+                                          "fp8 are sent no API key: export it if they need one"]
     monkeypatch.setenv("KVPROBE_TEST_KEY", "sk-secret")
     config = load_config(write(tmp_path, text))
-    assert config.candidates[0].api_key() == "sk-secret"
+    assert config.candidates[0].api_key() == "sk-secret" and unset_keys(config) == []
     assert "sk-secret" not in str(config.public_dict())
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from kvprobe.config import Config, NeedleSettings, Server
+from kvprobe.config import Config, NeedleSettings, Server, shared_urls, unset_keys
 from kvprobe.errors import ConfigError, KvprobeError, NotModelled, ServerError
 from kvprobe.probes import PROBES, default_probes, ordered
 from kvprobe.probes import load as load_probe
@@ -169,7 +169,8 @@ async def _reach_one(server: Server, transport: Any = None) -> Reached:
 
     # A short timeout and few retries: a check that waits a server's 600 s request timeout says nothing more.
     client = Client(server.name, server.url, api_key=server.api_key(), headers=server.headers,
-                    timeout_s=min(server.timeout_s, REACH_TIMEOUT_S), transport=transport, retries=2)
+                    timeout_s=min(server.timeout_s, REACH_TIMEOUT_S), transport=transport, retries=2,
+                    unset_key_env=server.unset_key_env())
     try:
         await client.health()
         models = await client.models()
@@ -383,6 +384,7 @@ def span(low: float, high: float) -> str:
 class Plan:
     data: dict[str, Any]
     problems: list[str]
+    warnings: list[str]
 
     @property
     def ok(self) -> bool:
@@ -395,6 +397,9 @@ def build_plan(config: Config, source: str, probes: str | None = None, max_model
     from kvprobe.verdict.design import sizing_notes
 
     chosen, problems = choose_probes(config, probes)
+    # Two servers at one URL: eval runs it as an A/A comparison; as a servers.toml for CI it is a slip.
+    problems += shared_urls(config, source)
+    warnings = unset_keys(config, source)
     model, model_problems, notes = model_config_facts(config, source)
     problems += model_problems
     found, preflight = preflight_problems(config, chosen)
@@ -427,8 +432,9 @@ def build_plan(config: Config, source: str, probes: str | None = None, max_model
         "notes": notes,
         "estimate": estimate(config, runnable, sizes, context) if not problems else None,
         "problems": problems,
+        "warnings": warnings,
     }
-    return Plan(data, problems)
+    return Plan(data, problems, warnings)
 
 
 # -- words ---------------------------------------------------------------------------------------
@@ -487,7 +493,8 @@ def _settings_line(probe: str, s: dict[str, Any]) -> str:
 
 def describe(data: dict[str, Any]) -> list[str]:
     """A valid plan in lines, for the terminal and a CI log."""
-    lines = [f"{data['servers_file']}: valid; nothing was measured",
+    warned = f", with {len(data['warnings'])} warning(s) (on stderr)" if data["warnings"] else ""
+    lines = [f"{data['servers_file']}: valid{warned}; nothing was measured",
              f"knob: {data['knob']} (the one setting the servers may differ in)",
              f"servers ({len(data['servers'])}):"]
     width = max(len(s["name"]) for s in data["servers"])

@@ -140,8 +140,6 @@ def test_the_model_configs_context_bounds_what_a_server_of_it_can_serve(tmp_path
     ("knob = \n" + SERVERS, [], ["not valid TOML"]),
     ("[bars]\nperplexity_delta_mx = 0.01\n" + SERVERS, [],
      ["bars.perplexity_delta_mx: unknown key: did you mean 'perplexity_delta_max'?"]),
-    (SERVERS.replace("KVPROBE_CHECK_KEY", "KVPROBE_CHECK_UNSET"), [],
-     ["server[0].api_key_env: environment variable KVPROBE_CHECK_UNSET is not set"]),
     ('model_config = "no/such/config.json"\n' + SERVERS, [],
      ["no/such/config.json: no such file: give the model's Hugging Face config.json"]),
     # said once: the tasks probe's fit check, which loads the task again, is not asked
@@ -175,6 +173,19 @@ def _refused(result: Result) -> str:
     return line.removeprefix("error: ")
 
 
+def test_no_candidate_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, SERVERS.split("[[server]]\nname = \"fp8\"")[0])
+    assert _refused(check(str(path))) == (f"{path}: server: no candidate to compare with the reference auto: add a "
+                                          "[[server]] with role = \"candidate\" (the default)")
+
+
+def test_the_reference_and_a_candidate_at_one_url_are_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, SERVERS.replace("8102/v1", "8101"))
+    assert _refused(check(str(path))) == (
+        f"{path}: server[1].url: fp8 and auto are the same server (http://127.0.0.1:8101): a server compared with "
+        "itself measures only noise; point each [[server]] at its own server")
+
+
 @pytest.mark.parametrize(("bar", "said"), [
     ("1", "= 1 reads as +100%: write 0.01 for 1%, or set allow_large_bars = true"),
     ("5", "= 5 reads as +500%: write 0.05 for 5%, or set allow_large_bars = true"),
@@ -191,6 +202,15 @@ def test_a_url_with_an_api_path_is_refused_naming_the_path(tmp_path: Path) -> No
     assert _refused(check(str(path))) == (
         f"{path}: server[1].url: the path /v1/chat/completions is not part of a server's address: give "
         "http://127.0.0.1:8102 (with or without /v1): kvprobe adds the API paths itself")
+
+
+def test_an_unset_key_variable_is_a_warning_naming_it(tmp_path: Path) -> None:
+    path = write(tmp_path, SERVERS.replace("KVPROBE_CHECK_KEY", "KVPROBE_CHECK_UNSET"))
+    result = check(str(path), "--max-model-len", "8192")
+    assert result.exit_code == 0, result.output
+    assert error_lines(result) == [f"warning: {path}: server[0].api_key_env: KVPROBE_CHECK_UNSET is not set, so auto "
+                                   "is sent no API key: export it if auto needs one"]
+    assert "API key from $KVPROBE_CHECK_UNSET (not set)" in result.stdout
 
 
 def _port_80000(tmp_path: Path) -> Path:
@@ -281,6 +301,18 @@ def test_reach_says_each_unreachable_or_refusing_server_in_one_line(tmp_path: Pa
     assert lines[0].startswith("error: auto: HTTP 401 /health") and "check the API key" in lines[0]
     assert lines[1].startswith("error: fp8: cannot reach http://127.0.0.1:8102/health")
     assert SECRET not in result.output
+
+
+def test_reach_names_an_unset_key_variable_when_a_server_refuses_without_a_key(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    auto = Replay("auto-8101")
+    auto.routes[("GET", "/health")] = lambda r: httpx.Response(401, json={"error": "invalid api key"})
+    _reach_through(monkeypatch, {"127.0.0.1:8101": auto, "127.0.0.1:8102": Replay("fp8-8102")})
+    result = check(str(write(tmp_path, SERVERS.replace("KVPROBE_CHECK_KEY", "KVPROBE_CHECK_UNSET"))), "--reach")
+    assert result.exit_code == 2
+    (line,) = [line for line in error_lines(result) if line.startswith("error: ")]
+    assert line.startswith("error: auto: HTTP 401 /health") and line.endswith(
+        "KVPROBE_CHECK_UNSET (api_key_env) is not set: export it with auto's API key")
 
 
 def test_reach_refuses_a_model_the_server_does_not_serve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
