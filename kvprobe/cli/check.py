@@ -31,8 +31,8 @@ def check_cmd(servers_file: Path, probes: str | None, max_model_len: int | None,
     """Validate SERVERS_FILE and print what `kvprobe eval` would run: the servers, the knob, the probes
     with their sizes, the bars and a rough time. Nothing is measured.
 
-    Exit 0 fine (warnings, one line each, on stderr: an API key variable not set), 2 a problem (one
-    line each)."""
+    Exit 0 fine (warnings, one line each, on stderr: an API key variable not set, a knob kvprobe does
+    not know, a plan that cannot reach adopt), 2 a problem (one line each)."""
     from kvprobe.cli.crash import note_secrets
     from kvprobe.config import load_config
     from kvprobe.evaluate.plan import build_plan, describe

@@ -197,11 +197,46 @@ def test_a_perplexity_bar_read_as_hundreds_of_percent_is_refused(tmp_path: Path,
     assert fine.exit_code == 0, fine.output
 
 
+def test_a_mistyped_knob_is_refused_with_the_knob_it_is_a_slip_of(tmp_path: Path) -> None:
+    path = write(tmp_path, 'knob = "kv_cache_dtyp"\n' + SERVERS)
+    assert _refused(check(str(path))) == f"{path}: knob: 'kv_cache_dtyp' is not a knob: did you mean kv_cache_dtype?"
+
+
+def test_a_knob_kvprobe_does_not_know_is_a_warning(tmp_path: Path) -> None:
+    path = write(tmp_path, 'knob = "attention_sink_dtype"\n' + SERVERS)
+    result = check(str(path), "--max-model-len", "8192")
+    assert result.exit_code == 0, result.output
+    assert error_lines(result) == [
+        f"warning: {path}: knob: 'attention_sink_dtype' is not a setting kvprobe knows (kv_cache_dtype, "
+        "mamba_ssm_cache_dtype, mamba_cache_dtype, or a vllm:cache_config_info label such as cache_dtype): eval "
+        "reads it as a label of that name, and says so when a server has none"]
+    assert f"{path}: valid, with 1 warning(s) (on stderr); nothing was measured" in result.stdout
+
+
 def test_a_url_with_an_api_path_is_refused_naming_the_path(tmp_path: Path) -> None:
     path = write(tmp_path, SERVERS.replace("http://127.0.0.1:8102/v1", "http://127.0.0.1:8102/v1/chat/completions"))
     assert _refused(check(str(path))) == (
         f"{path}: server[1].url: the path /v1/chat/completions is not part of a server's address: give "
         "http://127.0.0.1:8102 (with or without /v1): kvprobe adds the API paths itself")
+
+
+def test_a_plan_that_leaves_declared_bars_unmeasured_says_it_cannot_reach_adopt(tmp_path: Path) -> None:
+    result = check(str(write(tmp_path, "[tasks]\n" + SERVERS)), "--max-model-len", "512")
+    assert result.exit_code == 0, result.output
+    lines = error_lines(result)
+    assert [line.split(", not measured here: ")[0] for line in lines] == [
+        "warning: this plan cannot reach adopt: needle_recall_drop_max and truncation_rise_max need the needle probe",
+        "warning: this plan cannot reach adopt: task_accuracy_drop_max and truncation_rise_max need the tasks probe",
+        "warning: this plan cannot reach adopt: throughput_drop_max needs the load probe"]
+    assert lines[0].endswith("set [needle] max_tokens (e.g. 128) to measure it")
+    assert "valid, with 3 warning(s)" in result.stdout
+    data = json.loads(check(str(write(tmp_path, "[tasks]\n" + SERVERS)), "--max-model-len", "512", "--json").stdout)
+    assert data["warnings"] == [line.removeprefix("warning: ") for line in lines]
+    first_look = check(str(write(tmp_path, SERVERS)), "--probes", "capacity,perplexity", "--max-model-len", "8192")
+    assert first_look.exit_code == 0
+    assert error_lines(first_look)[0] == ("warning: this plan cannot reach adopt: needle_recall_drop_max and "
+                                          "truncation_rise_max need the needle probe, which --probes leaves out: "
+                                          "add it, or read the run as a first look")
 
 
 def test_an_unset_key_variable_is_a_warning_naming_it(tmp_path: Path) -> None:
