@@ -2,28 +2,71 @@
 
 from __future__ import annotations
 
+import difflib
 import json
+import re
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 from urllib.parse import urlparse
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from kvprobe import settings
 from kvprobe.errors import ConfigError
 
 # Header names that carry credentials: those belong in the environment (api_key_env), not in a file.
 _SECRET_HEADERS = {"authorization", "proxy-authorization", "x-api-key", "api-key", "cookie"}
+# Keys someone writes a credential under: refused with the environment advice, the value never shown.
+_SECRET_KEYS = {"api_key", "apikey", "key", "token", "api_token", "access_token", "bearer", "bearer_token",
+                "password", "secret", "authorization"}
+
+# Bars that are fractions, a relative change or a share of answers, with the sign a loss reads with: 5 is
+# +500%, not the 5% its author meant, and a bar that loose passes anything. From servers.toml, one over
+# LARGE_BAR needs allow_large_bars = true, or the unit spelled out ("500%").
+FRACTION_BARS = {"perplexity_delta_max": "+", "capacity_gain_min": "+", "throughput_drop_max": "-",
+                 "p99_latency_rise_max": "+", "needle_recall_drop_max": "-", "truncation_rise_max": "+",
+                 "task_accuracy_drop_max": "-"}
+LARGE_BAR = 0.5
+_PERCENT = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*%")
+# parse_config validates with this context: only a bar as an operator wrote it is held to LARGE_BAR (a
+# verdict's recorded bars are validated again by `kvprobe verify`, without it).
+_WRITTEN = {"written": True}
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _fraction(value: Any, sign: str | None, written: bool, member: str = "") -> Any:
+    """A bar's value: "5%" is 0.05; a bare number over LARGE_BAR is refused when `written` (`sign` set:
+    a fraction bar, without allow_large_bars). `member`: the task, in a table of per-task bars."""
+    if isinstance(value, str) and (match := _PERCENT.fullmatch(value.strip())):
+        return float(match[1]) / 100
+    large = isinstance(value, int | float) and not isinstance(value, bool) and value > LARGE_BAR
+    if written and sign and large:
+        key = f"{member} " if member else ""
+        raise ValueError(f"{key}= {value:g} reads as {sign}{value:.0%}: write {value / 100:g} for {value:g}%, "
+                         "or set allow_large_bars = true")
+    return value
+
+
 class Bars(_Strict):
     """Acceptance bars, fixed before any number comes in; stored in the verdict."""
 
+    # First, so the bars' validator sees it. Not stored: the verdict records the bars' values themselves.
+    allow_large_bars: bool = Field(False, exclude=True, description="let a fraction bar be over 0.5 (50%) as a "
+                                   "bare number; \"60%\" needs no permission")
     perplexity_delta_max: float = Field(0.01, ge=0, description="relative perplexity rise, candidate vs reference")
     needle_recall_drop_max: float = Field(
         0.10, ge=0, le=1, description="needle recall drop (absolute). A pass needs about ln(0.025) / ln(1 - bar) "
@@ -44,6 +87,15 @@ class Bars(_Strict):
     top1_agreement_min: float | None = Field(None, ge=0, le=1, description="optional bar on top-1 agreement")
 
 
+    @field_validator(*FRACTION_BARS, "top1_agreement_min", mode="before")
+    @classmethod
+    def _as_written(cls, value: Any, info: ValidationInfo) -> Any:
+        sign = FRACTION_BARS.get(info.field_name or "") if not info.data.get("allow_large_bars") else None
+        written = bool((info.context or {}).get("written"))
+        if isinstance(value, dict):  # task_accuracy_drop_max per task
+            return {k: _fraction(v, sign, written, k) for k, v in value.items()}
+        return _fraction(value, sign, written)
+
     @field_validator("task_accuracy_drop_max")
     @classmethod
     def _task_bars(cls, value: float | dict[str, float]) -> float | dict[str, float]:
@@ -62,7 +114,7 @@ class Server(_Strict):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     url: str
     role: Literal["reference", "candidate"] = "candidate"
-    api_key_env: str | None = None
+    api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     timeout_s: float = Field(600.0, gt=0)
     headers: dict[str, str] = Field(default_factory=dict)
     model: str | None = Field(None, description="model id to request; default: the first of /v1/models")
@@ -76,11 +128,7 @@ class Server(_Strict):
     @field_validator("url")
     @classmethod
     def _http_url(cls, value: str) -> str:
-        parsed = urlparse(value)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise ValueError(f"{value!r} is not an http(s) URL like http://127.0.0.1:8000")
-        # Accept the OpenAI-style base too: kvprobe adds /v1 itself.
-        return value.rstrip("/").removesuffix("/v1")
+        return base_url(value)
 
     @field_validator("headers")
     @classmethod
@@ -93,6 +141,37 @@ class Server(_Strict):
 
     def api_key(self) -> str | None:
         return settings.api_key(self.api_key_env)
+
+    def unset_key_env(self) -> str | None:
+        """The variable api_key_env names, when the environment leaves it unset: requests then go
+        without a key, which a server that needs one answers with 401."""
+        return self.api_key_env if self.api_key_env and not self.api_key() else None
+
+
+def base_url(value: str) -> str:
+    """The server's base URL (scheme, host, port): ValueError, in words naming the fix, for anything
+    else. Only an optional /v1 may follow, as OpenAI-style clients write it: kvprobe adds the API paths
+    itself, so a path would be requested under another path, and the plan's host:port would hide it."""
+    parsed = urlparse(value.strip())
+    if parsed.username is not None or parsed.password is not None:  # before any echo of the value
+        raise ValueError("credentials in the URL: put the key in an environment variable and name it in "
+                         "api_key_env (the URL is not shown)")
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(f"{value!r} is not an http(s) URL like http://127.0.0.1:8000")
+    try:
+        port = parsed.port
+    except ValueError:  # urllib's words ("Port out of range 0-65535") name neither the port nor the fix
+        port = -1
+    if port is not None and not 1 <= port <= 65535:
+        written = parsed.netloc.rpartition(":")[2]
+        kind = "is out of range" if written.isdigit() else "is not a number"
+        raise ValueError(f"port {written} {kind}: a port is 1-65535")
+    base = f"{parsed.scheme}://{parsed.netloc}"
+    rest = value.strip()[len(base):]
+    if rest.rstrip("/").removesuffix("/v1"):
+        raise ValueError(f"the path {rest} is not part of a server's address: give {base} (with or without "
+                         "/v1): kvprobe adds the API paths itself")
+    return base
 
 
 class SmokeSettings(_Strict):
@@ -328,9 +407,77 @@ class Config(_Strict):
         return data
 
 
-def _where(loc: tuple[Any, ...]) -> str:
-    parts: list[str] = []
+# -- one line per problem -------------------------------------------------------------------------
+
+# The fix for a value that does not match a field's pattern, by the field's name.
+_PATTERN_FIXES = {
+    "name": "use letters, digits and . _ - only, starting with a letter or digit",
+    "knob": "use a vLLM setting's name in lower case with underscores, e.g. kv_cache_dtype",
+    "api_key_env": "give the NAME of the environment variable that holds the key (letters, digits, _), "
+                   "not the key itself",
+}
+# The fix for a single table where a list of tables belongs, by the key.
+_LIST_FIXES = {"server": "write each server as its own [[server]] table (two brackets)",
+               "shapes": "write each shape as its own [[load.shapes]] table (two brackets)"}
+# What a type error expects, in TOML's words.
+_EXPECTED = {
+    "int_type": "a whole number", "int_parsing": "a whole number", "int_from_float": "a whole number",
+    "float_type": "a number", "float_parsing": "a number", "bool_type": "true or false",
+    "bool_parsing": "true or false", "string_type": "a string in quotes", "list_type": "a list, like [1, 2]",
+    "dict_type": "a table", "model_type": "a table", "model_attributes_type": "a table",
+}
+
+
+@dataclass
+class _Place:
+    """Where a pydantic error is in servers.toml: its key path without union member tags, the table
+    (model) its last key sits in, and how deep the union field it is under sits (0: none)."""
+
+    path: list[str | int]
+    table: type[BaseModel] | None
+    union_depth: int
+
+
+def _keys(model: type[BaseModel]) -> list[str]:
+    return [field.alias or name for name, field in model.model_fields.items()]
+
+
+def _table_of(annotation: Any) -> type[BaseModel] | None:
+    """The table type a field holds: itself, a list of it, or it or None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((t for t in map(_table_of, get_args(annotation)) if t is not None), None)
+
+
+def _is_union(annotation: Any) -> bool:
+    """A union pydantic tries member by member, tagging each error with the member (`X | None` is not one)."""
+    return (get_origin(annotation) in (Union, UnionType)
+            and sum(a is not type(None) for a in get_args(annotation)) > 1)
+
+
+def _place(loc: tuple[Any, ...]) -> _Place:
+    model: type[BaseModel] | None = Config
+    place = _Place([], None, 0)
+    tag_next = False
     for item in loc:
+        if tag_next:  # the union member pydantic tried ("float", "dict[str,float]"): not a key
+            tag_next = False
+            continue
+        place.path.append(item)
+        if isinstance(item, int) or model is None:  # a list index, or a key inside a plain table (headers)
+            continue
+        place.table = model
+        field = model.model_fields.get(item) or next(
+            (f for f in model.model_fields.values() if f.alias == item), None)
+        model = _table_of(field.annotation) if field else None
+        if field is not None and _is_union(field.annotation):
+            tag_next, place.union_depth = True, len(place.path)
+    return place
+
+
+def _where(path: list[str | int]) -> str:
+    parts: list[str] = []
+    for item in path:
         if isinstance(item, int):
             parts[-1] = f"{parts[-1]}[{item}]" if parts else f"[{item}]"
         else:
@@ -338,29 +485,96 @@ def _where(loc: tuple[Any, ...]) -> str:
     return ".".join(parts) or "(top level)"
 
 
-def _explain(err: dict[str, Any]) -> str:
-    kind, msg = err["type"], err["msg"]
+def _table_name(path: list[str | int]) -> str:
+    keys = [str(p) for p in path[:-1] if isinstance(p, str)]
+    if not keys:
+        return "the top level"
+    return f"[[{'.'.join(keys)}]]" if isinstance(path[-2], int) else f"[{'.'.join(keys)}]"
+
+
+def _suggest(place: _Place) -> str | None:
+    """The key of its table an unknown key is closest to, if any is close."""
+    close = difflib.get_close_matches(str(place.path[-1]), _keys(place.table) if place.table else [], n=1)
+    return close[0] if close else None
+
+
+def _unknown(place: _Place) -> str:
+    if str(place.path[-1]).lower().replace("-", "_") in _SECRET_KEYS:
+        return ("keys are read only from the environment: export the key in a variable and name it in the "
+                "[[server]] table, api_key_env = \"NAME\" (the value is not shown)")
+    if (meant := _suggest(place)) is not None:
+        return f"unknown key: did you mean '{meant}'?"
+    known = ", ".join(_keys(place.table)) if place.table else ""
+    return f"unknown key: remove it ({_table_name(place.path)} takes {known})"
+
+
+def _explain(err: dict[str, Any], place: _Place) -> str:
+    kind, ctx = err["type"], err.get("ctx") or {}
+    key = next((str(p) for p in reversed(place.path) if isinstance(p, str)), "")
     if kind == "extra_forbidden":
-        return "unknown key: remove it or check its spelling"
+        return _unknown(place)
     if kind == "missing":
-        return "required key is missing"
-    return msg.removeprefix("Value error, ")
+        return f"required key is missing: {_LIST_FIXES.get(key, 'add it')}"
+    if kind == "list_type" and key in _LIST_FIXES:
+        return _LIST_FIXES[key]
+    if kind in _EXPECTED:
+        return f"must be {_EXPECTED[kind]}"
+    if kind == "literal_error":
+        return f"must be {ctx['expected']}".replace("'", '"')
+    if kind == "string_pattern_mismatch":
+        return _PATTERN_FIXES.get(key, err["msg"])
+    bounds = {"greater_than_equal": ("at least", "ge"), "greater_than": ("more than", "gt"),
+              "less_than_equal": ("at most", "le"), "less_than": ("less than", "lt")}
+    if kind in bounds:
+        words, name = bounds[kind]
+        return f"must be {words} {ctx[name]}"
+    if kind in ("too_short", "string_too_short"):
+        return "must not be empty" if ctx.get("min_length") == 1 else f"give at least {ctx['min_length']}"
+    return err["msg"].removeprefix("Value error, ")
+
+
+def _line(source: str, path: list[str | int], text: str) -> str:
+    # "bars.perplexity_delta_max = 5 reads as ...": a message that quotes the value follows the key
+    sep = " " if text.startswith("= ") else ": "
+    return f"{source}: {_where(path)}{sep}{text}"
+
+
+def _problems(exc: ValidationError, source: str) -> list[str]:
+    """One line per problem: an error under a union field is pydantic's one per member tried, said once
+    (the members' expectations joined by "or"), or only where the value went deeper into one member."""
+    placed = [(_place(err["loc"]), err) for err in exc.errors()]
+    # A required key an unknown one is a slip of ([[servers]]) is said once, by the did-you-mean.
+    meant = {(*p.path[:-1], _suggest(p)) for p, e in placed if e["type"] == "extra_forbidden"}
+    groups: dict[tuple[Any, ...], list[tuple[_Place, dict[str, Any]]]] = {}
+    for place, err in placed:
+        if err["type"] == "missing" and tuple(place.path) in meant:
+            continue
+        root = place.path[:place.union_depth] if place.union_depth else place.path
+        groups.setdefault(tuple(root), []).append((place, err))
+    lines: list[str] = []
+    for root, members in groups.items():
+        deeper = [(p, e) for p, e in members if len(p.path) > len(root)]
+        if deeper:
+            lines += [_line(source, p.path, _explain(e, p)) for p, e in deeper]
+            continue
+        said = list(dict.fromkeys(_explain(e, p) for p, e in members))
+        if all(text.startswith("must be ") for text in said):
+            said = ["must be " + " or ".join(text.removeprefix("must be ") for text in said)]
+        lines.append(_line(source, list(root), "; ".join(said)))
+    return list(dict.fromkeys(lines))
 
 
 def parse_config(data: dict[str, Any], source: str = "servers.toml") -> Config:
     try:
-        config = Config.model_validate(data)
+        config = Config.model_validate(data, context=_WRITTEN)
     except ValidationError as exc:
-        raise ConfigError([f"{source}: {_where(e['loc'])}: {_explain(e)}" for e in exc.errors()]) from None
+        raise ConfigError(_problems(exc, source)) from None
     problems: list[str] = []
     seen: set[str] = set()
     for i, server in enumerate(config.server):
         if server.name in seen:
             problems.append(f"{source}: server[{i}].name: duplicate name {server.name!r}: names must be unique")
         seen.add(server.name)
-        if server.api_key_env and not settings.api_key(server.api_key_env):
-            problems.append(f"{source}: server[{i}].api_key_env: environment variable {server.api_key_env} "
-                            f"is not set: export it with {server.name}'s API key")
     bar = config.bars.task_accuracy_drop_max
     if isinstance(bar, dict):
         unknown = sorted(set(bar) - set(config.tasks.names) - {"default"})
@@ -379,9 +593,48 @@ def parse_config(data: dict[str, Any], source: str = "servers.toml") -> Config:
         found = ", ".join(refs) if refs else "none"
         problems.append(f"{source}: server.role: exactly one server must have role = \"reference\" "
                         f"(found {found})")
+    elif not config.candidates:  # eval would only keep the reference, exit 0: a CI job would pass on nothing
+        problems.append(f"{source}: server: no candidate to compare with the reference {refs[0]}: add a "
+                        "[[server]] with role = \"candidate\" (the default)")
     if problems:
         raise ConfigError(problems)
     return config
+
+
+def unset_keys(config: Config, source: str = "servers.toml") -> list[str]:
+    """A line per api_key_env variable the environment leaves unset, at the first server naming it. Not an
+    error: the key is optional, and a server that needs one stops the run at its first request (401,
+    naming the variable)."""
+    named: dict[str, list[tuple[int, Server]]] = {}
+    for i, server in enumerate(config.server):
+        if var := server.unset_key_env():
+            named.setdefault(var, []).append((i, server))
+    lines = []
+    for var, servers in named.items():
+        who = " and ".join(server.name for _, server in servers)
+        verb, need = ("is", f"{who} needs") if len(servers) == 1 else ("are", "they need")
+        lines.append(f"{source}: server[{servers[0][0]}].api_key_env: {var} is not set, so {who} {verb} sent no "
+                     f"API key: export it if {need} one")
+    return lines
+
+
+def _endpoint(url: str) -> tuple[str, str | None, int]:
+    parsed = urlparse(url)
+    return parsed.scheme, parsed.hostname, parsed.port or (443 if parsed.scheme == "https" else 80)
+
+
+def shared_urls(config: Config, source: str = "servers.toml") -> list[str]:
+    """A line per server at the URL of one listed before it. `check` refuses it; eval runs it (an A/A
+    comparison measures the noise a candidate is judged against) and says it."""
+    first: dict[tuple[str, str | None, int], Server] = {}
+    lines = []
+    for i, server in enumerate(config.server):
+        other = first.setdefault(_endpoint(server.url), server)
+        if other is not server:
+            lines.append(f"{source}: server[{i}].url: {server.name} and {other.name} are the same server "
+                         f"({server.url}): a server compared with itself measures only noise; point each "
+                         "[[server]] at its own server")
+    return lines
 
 
 def load_config(path: str | Path) -> Config:

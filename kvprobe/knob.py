@@ -43,6 +43,22 @@ ENGINE_FLAGS = {knob: "--" + knob.replace("_", "-") for knob in ENGINE}
 FLAGS = {"cache_dtype": "--kv-cache-dtype", "mamba_ssm_cache_dtype": "--mamba-ssm-cache-dtype",
          "mamba_cache_dtype": "--mamba-cache-dtype"}
 
+# The labels vLLM's vllm:cache_config_info carries (0.2x to 0.3x: the captures in tests/fixtures). A knob
+# a slip away from one of these names, or from a KNOWN or ENGINE knob, is a typo, not another label: it
+# would compare nothing, and the servers' real knob would read as a second difference.
+LABELS = frozenset({
+    "block_size", "cache_dtype", "cache_hit_alignment_tokens", "calculate_kv_scales",
+    "effective_attention_block_size", "enable_mamba_shared_prefix_checkpoint", "enable_prefix_caching",
+    "engine", "gpu_memory_utilization", "hash_block_size", "is_attention_free", "kv_cache_dtype_skip_layers",
+    "kv_cache_layout", "kv_cache_max_concurrency", "kv_cache_memory_bytes", "kv_cache_size_tokens",
+    "kv_offloading_backend", "kv_offloading_size", "kv_sharing_fast_prefill", "mamba_block_size",
+    "mamba_cache_dtype", "mamba_cache_mode", "mamba_page_size_padded", "mamba_ssm_cache_dtype", "num_cpu_blocks",
+    "num_gpu_blocks", "num_gpu_blocks_override", "prefix_cache_retention_interval", "prefix_caching_hash_algo",
+    "prefix_match_unit", "replayssm_buffer_len", "skip_page_size_padded", "sliding_window", "swa_bounded_replay",
+    "use_kda_recoverssm", "use_replayssm", "user_specified_block_size", "user_specified_mamba_block_size",
+})
+NAMES = frozenset(KNOWN) | frozenset(ENGINE) | LABELS
+
 
 def label_of(knob: str) -> str:
     """The cache_config_info label that carries `knob` (for an ENGINE knob, its /server_info key)."""
@@ -65,3 +81,22 @@ def flag(knob: str) -> str:
     """How an operator sets it: the vLLM flag when known, else the label's name."""
     return ENGINE_FLAGS.get(knob) or FLAGS.get(label_of(knob), knob)
 
+
+def _edits(a: str, b: str) -> int:
+    """Levenshtein distance: insertions, deletions and substitutions."""
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (x != y))
+    return row[-1]
+
+
+def near_miss(knob: str) -> str | None:
+    """The known name `knob` is a slip of (at most two edits, one for a short name); None when `knob` is
+    itself known or near none."""
+    if knob in NAMES:
+        return None
+    most = min(2, len(knob) // 4)
+    best = min(NAMES, key=lambda name: (_edits(knob, name), name))
+    return best if _edits(knob, best) <= most else None

@@ -85,4 +85,16 @@ def test_config_knob_default_and_validation() -> None:
     assert parse_config({"knob": "mamba_ssm_cache_dtype", "server": servers}).knob == "mamba_ssm_cache_dtype"
     with pytest.raises(ConfigError) as err:
         parse_config({"knob": "Mamba SSM", "server": servers})
-    assert err.value.problems[0].startswith("servers.toml: knob: String should match pattern")
+    assert err.value.problems == ["servers.toml: knob: use a vLLM setting's name in lower case with underscores, "
+                                  "e.g. kv_cache_dtype"]
+
+
+def test_a_slip_of_a_known_name_is_caught_and_other_labels_are_left_to_the_servers() -> None:
+    assert knob.near_miss("kv_cache_dtyp") == "kv_cache_dtype"
+    assert knob.near_miss("kvcache_dtype") == "kv_cache_dtype"
+    assert knob.near_miss("mamba_ssm_cache_dtyp") == "mamba_ssm_cache_dtype"
+    assert knob.near_miss("cache_dtyp") == "cache_dtype"  # a label's name
+    for name in ("kv_cache_dtype", "cache_dtype", "mamba_backend", "block_size"):  # known: no slip
+        assert knob.near_miss(name) is None
+    for name in ("no_such_label", "kv_cache_dtype_v2", "attention_sink_dtype"):  # far from every known name
+        assert knob.near_miss(name) is None

@@ -15,7 +15,7 @@ from rich.markup import escape
 
 from kvprobe import settings
 from kvprobe.cli.crash import note_run, note_secrets
-from kvprobe.config import load_config
+from kvprobe.config import Config, load_config, shared_urls, unset_keys
 from kvprobe.errors import (
     EXIT_CANNOT_RUN,
     EXIT_INTERRUPTED,
@@ -93,6 +93,17 @@ def _fail(lines: list[str], code: int = EXIT_CANNOT_RUN) -> NoReturn:
         except KvprobeError as exc:
             err_console.print(f"[bold red]error:[/bold red] {escape(str(exc))}", highlight=False, soft_wrap=True)
     sys.exit(code)
+
+
+def warn(lines: list[str]) -> None:
+    for line in lines:
+        err_console.print(f"[yellow]warning:[/yellow] {escape(line)}", highlight=False, soft_wrap=True)
+
+
+def warn_config(config: Config, source: Path) -> None:
+    """What eval and canary go on with but an operator should hear before the run: a key variable left
+    unset, two servers at one URL (an A/A comparison, which `check` refuses)."""
+    warn(unset_keys(config, str(source)) + shared_urls(config, str(source)))
 
 
 def _write_ci(run: RunDir, verdict: dict | None, code: int, notes: list[str] | None = None) -> None:
@@ -228,6 +239,7 @@ def _evaluate(config_path: Path, out: Path | None, probes: str | None, resume: P
     try:
         config = load_config(config_path)
         note_secrets([server.api_key_env for server in config.servers])
+        warn_config(config, config_path)
         run, probe_list = _open_run(out, resume, config, probes)
     except ConfigError as exc:
         _fail(exc.problems)

@@ -19,6 +19,7 @@ from kvprobe.cli._common import (
     set_ci,
     set_view,
     view_options,
+    warn_config,
 )
 from kvprobe.cli.crash import note_secrets
 from kvprobe.config import load_config
@@ -64,6 +65,7 @@ def canary_cmd(servers_file: Path, baseline: Path | None, allowed_signers: Path 
         if advisory_speed:
             config = config.model_copy(update={"load": config.load.model_copy(update={"advisory": True})})
         note_secrets([server.api_key_env for server in config.servers])
+        warn_config(config, servers_file)
         base = None
         if baseline is not None:
             from kvprobe.verdict.verify import verify_verdict

@@ -10,7 +10,7 @@ import click
 import orjson
 from rich.markup import escape
 
-from kvprobe.cli._common import PROBES_HELP, _fail, out_console
+from kvprobe.cli._common import PROBES_HELP, _fail, out_console, warn
 from kvprobe.errors import EXIT_CANNOT_RUN, EXIT_OK, ConfigError
 
 
@@ -31,7 +31,8 @@ def check_cmd(servers_file: Path, probes: str | None, max_model_len: int | None,
     """Validate SERVERS_FILE and print what `kvprobe eval` would run: the servers, the knob, the probes
     with their sizes, the bars and a rough time. Nothing is measured.
 
-    Exit 0 fine, 2 a problem (one line each)."""
+    Exit 0 fine (warnings, one line each, on stderr: an API key variable not set, a knob kvprobe does
+    not know, a plan that cannot reach adopt), 2 a problem (one line each)."""
     from kvprobe.cli.crash import note_secrets
     from kvprobe.config import load_config
     from kvprobe.evaluate.plan import build_plan, describe
@@ -46,6 +47,7 @@ def check_cmd(servers_file: Path, probes: str | None, max_model_len: int | None,
     note_secrets([server.api_key_env for server in config.servers])
     reached = reach_servers(config) if reach else None
     plan = build_plan(config, str(servers_file), probes, max_model_len, reached)
+    warn(plan.warnings)
     if as_json:
         _json(plan.data)
     elif plan.ok:

@@ -10,7 +10,10 @@ preflights), and a probe setting the operator wrote that cannot fit the servers'
 own fit checks, kvprobe.evaluate.orchestrate.fit_phase). The context is a max_model_len given on the command line,
 else the one each server reports on /v1/models (`--reach`), else the model_config's
 max_position_embeddings (the most a server of that model serves); with none of these the fit is not
-checked, and the plan says so.
+checked, and the plan says so. Two more are refused here, where eval would run and answer nothing
+useful: two servers at one URL, and a knob a slip away from a known one. A file that runs but may not
+answer gets warnings: a key variable not set, a knob kvprobe does not know, and a plan that leaves a
+declared bar unmeasured, so it cannot reach adopt.
 
 The time is rough and says so: without a first-prefill smoke there is no measured speed, so each probe
 is costed at two assumed speeds, a fast GPU's and the demo's 2-core CPU box: a probe the canary's --budget
@@ -28,7 +31,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from kvprobe.config import Config, NeedleSettings, Server
+from kvprobe import knob as knobs
+from kvprobe.config import Config, NeedleSettings, Server, shared_urls, unset_keys
 from kvprobe.errors import ConfigError, KvprobeError, NotModelled, ServerError
 from kvprobe.probes import PROBES, default_probes, ordered
 from kvprobe.probes import load as load_probe
@@ -169,7 +173,8 @@ async def _reach_one(server: Server, transport: Any = None) -> Reached:
 
     # A short timeout and few retries: a check that waits a server's 600 s request timeout says nothing more.
     client = Client(server.name, server.url, api_key=server.api_key(), headers=server.headers,
-                    timeout_s=min(server.timeout_s, REACH_TIMEOUT_S), transport=transport, retries=2)
+                    timeout_s=min(server.timeout_s, REACH_TIMEOUT_S), transport=transport, retries=2,
+                    unset_key_env=server.unset_key_env())
     try:
         await client.health()
         models = await client.models()
@@ -222,6 +227,51 @@ def fit(config: Config, probes: list[str], context: Context) -> tuple[dict[str, 
     if context.source is None:
         return {}, []
     return ask_fit(_FitView(config, {name: _Length(n) for name, n in context.lengths.items()}), probes)
+
+
+def knob_lines(config: Config, source: str) -> tuple[list[str], list[str]]:
+    """(problems, warnings) of the declared knob: a slip of a known name is refused (it would compare
+    nothing, and the servers' real knob would read as a second difference); a name kvprobe does not
+    know is said, as eval reads it as a cache_config_info label a server may not have."""
+    name = config.knob
+    if (meant := knobs.near_miss(name)) is not None:
+        return [f"{source}: knob: {name!r} is not a knob: did you mean {meant}?"], []
+    if name in knobs.NAMES:
+        return [], []
+    return [], [f"{source}: knob: {name!r} is not a setting kvprobe knows ({', '.join(knobs.KNOWN)}, or a "
+                "vllm:cache_config_info label such as cache_dtype): eval reads it as a label of that name, "
+                "and says so when a server has none"]
+
+
+def gating_bars(config: Config, probe: str) -> list[str]:
+    """The bars `probe` measures that adopt waits for (kvprobe.verdict.build: every gating check
+    measured and passed). Agreement's bars only when set; advisory speed never gates."""
+    bars = config.bars
+    if probe == "agreement":
+        return [b for b in ("kl_mean_max", "top1_agreement_min") if getattr(bars, b) is not None]
+    if probe == "load":
+        latency = ["p99_latency_rise_max"] if config.load.latency_endpoint else []
+        return [] if config.load.advisory else ["throughput_drop_max", *latency]
+    return {"capacity": ["capacity_gain_min"], "perplexity": ["perplexity_delta_max"],
+            "needle": ["needle_recall_drop_max", "truncation_rise_max"],
+            "tasks": ["task_accuracy_drop_max", "truncation_rise_max"]}.get(probe, [])
+
+
+def cannot_adopt(config: Config, chosen: list[str], not_measured: dict[str, str]) -> list[str]:
+    """A line per probe whose bars this plan leaves unmeasured: then no candidate can be adopted, and
+    eval ends `inconclusive` at best. The tasks probe is opt-in: adopt waits for it only when asked for."""
+    lines = []
+    for probe in PROBES:
+        bars = gating_bars(config, probe)
+        if not bars or (probe == "tasks" and probe not in chosen):
+            continue
+        need = f"{' and '.join(bars)} {'needs' if len(bars) == 1 else 'need'} the {probe} probe"
+        if probe not in chosen:
+            lines.append(f"this plan cannot reach adopt: {need}, which --probes leaves out: add it, or read "
+                         "the run as a first look")
+        elif probe in not_measured:
+            lines.append(f"this plan cannot reach adopt: {need}, not measured here: {not_measured[probe]}")
+    return lines
 
 
 # -- sizes ---------------------------------------------------------------------------------------
@@ -383,6 +433,7 @@ def span(low: float, high: float) -> str:
 class Plan:
     data: dict[str, Any]
     problems: list[str]
+    warnings: list[str]
 
     @property
     def ok(self) -> bool:
@@ -395,6 +446,10 @@ def build_plan(config: Config, source: str, probes: str | None = None, max_model
     from kvprobe.verdict.design import sizing_notes
 
     chosen, problems = choose_probes(config, probes)
+    knob_problems, warnings = knob_lines(config, source)
+    # Two servers at one URL: eval runs it as an A/A comparison; as a servers.toml for CI it is a slip.
+    problems += shared_urls(config, source) + knob_problems
+    warnings = unset_keys(config, source) + warnings
     model, model_problems, notes = model_config_facts(config, source)
     problems += model_problems
     found, preflight = preflight_problems(config, chosen)
@@ -406,6 +461,8 @@ def build_plan(config: Config, source: str, probes: str | None = None, max_model
     not_measured, fit_problems = fit(config, [p for p in chosen if p not in failed], context)
     problems += fit_problems
     runnable = [p for p in chosen if p not in not_measured]
+    if not problems:
+        warnings += cannot_adopt(config, chosen, not_measured)
     sizes = probe_settings(config, chosen, context, found) if not problems else {}
     documents = {i.name: i.documents for i in found.get("tasks") or []}
     data: dict[str, Any] = {
@@ -427,8 +484,9 @@ def build_plan(config: Config, source: str, probes: str | None = None, max_model
         "notes": notes,
         "estimate": estimate(config, runnable, sizes, context) if not problems else None,
         "problems": problems,
+        "warnings": warnings,
     }
-    return Plan(data, problems)
+    return Plan(data, problems, warnings)
 
 
 # -- words ---------------------------------------------------------------------------------------
@@ -487,7 +545,8 @@ def _settings_line(probe: str, s: dict[str, Any]) -> str:
 
 def describe(data: dict[str, Any]) -> list[str]:
     """A valid plan in lines, for the terminal and a CI log."""
-    lines = [f"{data['servers_file']}: valid; nothing was measured",
+    warned = f", with {len(data['warnings'])} warning(s) (on stderr)" if data["warnings"] else ""
+    lines = [f"{data['servers_file']}: valid{warned}; nothing was measured",
              f"knob: {data['knob']} (the one setting the servers may differ in)",
              f"servers ({len(data['servers'])}):"]
     width = max(len(s["name"]) for s in data["servers"])

@@ -156,8 +156,11 @@ class Client:
         transport: httpx.AsyncBaseTransport | None = None,
         retries: int = 3,
         backoff_s: float = 0.5,
+        unset_key_env: str | None = None,
     ):
         self.name = name
+        # The api_key_env variable the environment left unset: a 401 then names it, not just "the key".
+        self.unset_key_env = unset_key_env
         self.url = url.rstrip("/").removesuffix("/v1")
         self.retries = retries
         self.backoff_s = backoff_s
@@ -182,7 +185,7 @@ class Client:
     def for_server(cls, server: Server, transport: httpx.AsyncBaseTransport | None = None) -> Client:
         """The client of one [[server]] table (its key from the environment)."""
         return cls(server.name, server.url, api_key=server.api_key(), timeout_s=server.timeout_s,
-                   headers=server.headers, transport=transport)
+                   headers=server.headers, transport=transport, unset_key_env=server.unset_key_env())
 
     async def __aenter__(self) -> Client:
         return self
@@ -205,8 +208,9 @@ class Client:
     def _fail(self, resp: httpx.Response, path: str) -> ServerError:
         text = _error_text(resp)
         if resp.status_code in (401, 403):
-            return AuthError(self.name, f"{text or 'unauthorized'}: check the API key (api_key_env)",
-                             status=resp.status_code, path=path)
+            fix = (f"{self.unset_key_env} (api_key_env) is not set: export it with {self.name}'s API key"
+                   if self.unset_key_env else "check the API key (api_key_env)")
+            return AuthError(self.name, f"{text or 'unauthorized'}: {fix}", status=resp.status_code, path=path)
         return ServerError(self.name, text, status=resp.status_code, path=path)
 
     def _unreachable(self, exc: Exception, path: str) -> Unreachable:

@@ -138,9 +138,8 @@ def test_the_model_configs_context_bounds_what_a_server_of_it_can_serve(tmp_path
 
 @pytest.mark.parametrize(("text", "args", "expected"), [
     ("knob = \n" + SERVERS, [], ["not valid TOML"]),
-    ("[bars]\nperplexity_delta_mx = 0.01\n" + SERVERS, [], ["bars.perplexity_delta_mx: unknown key"]),
-    (SERVERS.replace("KVPROBE_CHECK_KEY", "KVPROBE_CHECK_UNSET"), [],
-     ["server[0].api_key_env: environment variable KVPROBE_CHECK_UNSET is not set"]),
+    ("[bars]\nperplexity_delta_mx = 0.01\n" + SERVERS, [],
+     ["bars.perplexity_delta_mx: unknown key: did you mean 'perplexity_delta_max'?"]),
     ('model_config = "no/such/config.json"\n' + SERVERS, [],
      ["no/such/config.json: no such file: give the model's Hugging Face config.json"]),
     # said once: the tasks probe's fit check, which loads the task again, is not asked
@@ -165,12 +164,123 @@ def test_each_problem_is_one_line_and_exit_2(tmp_path: Path, text: str, args: li
     assert SECRET not in result.output
 
 
+# -- files that cannot answer: refused (exit 2) or warned about, one line each ----------------------
+
+def _refused(result: Result) -> str:
+    assert result.exit_code == 2, result.output
+    (line,) = error_lines(result)
+    assert result.stdout == ""
+    return line.removeprefix("error: ")
+
+
+def test_no_candidate_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, SERVERS.split("[[server]]\nname = \"fp8\"")[0])
+    assert _refused(check(str(path))) == (f"{path}: server: no candidate to compare with the reference auto: add a "
+                                          "[[server]] with role = \"candidate\" (the default)")
+
+
+def test_the_reference_and_a_candidate_at_one_url_are_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, SERVERS.replace("8102/v1", "8101"))
+    assert _refused(check(str(path))) == (
+        f"{path}: server[1].url: fp8 and auto are the same server (http://127.0.0.1:8101): a server compared with "
+        "itself measures only noise; point each [[server]] at its own server")
+
+
+@pytest.mark.parametrize(("bar", "said"), [
+    ("1", "= 1 reads as +100%: write 0.01 for 1%, or set allow_large_bars = true"),
+    ("5", "= 5 reads as +500%: write 0.05 for 5%, or set allow_large_bars = true"),
+])
+def test_a_perplexity_bar_read_as_hundreds_of_percent_is_refused(tmp_path: Path, bar: str, said: str) -> None:
+    path = write(tmp_path, f"[bars]\nperplexity_delta_max = {bar}\n" + SERVERS)
+    assert _refused(check(str(path))) == f"{path}: bars.perplexity_delta_max {said}"
+    fine = check(str(write(tmp_path, f"[bars]\nperplexity_delta_max = {bar}\nallow_large_bars = true\n" + SERVERS)))
+    assert fine.exit_code == 0, fine.output
+
+
+def test_a_mistyped_knob_is_refused_with_the_knob_it_is_a_slip_of(tmp_path: Path) -> None:
+    path = write(tmp_path, 'knob = "kv_cache_dtyp"\n' + SERVERS)
+    assert _refused(check(str(path))) == f"{path}: knob: 'kv_cache_dtyp' is not a knob: did you mean kv_cache_dtype?"
+
+
+def test_a_knob_kvprobe_does_not_know_is_a_warning(tmp_path: Path) -> None:
+    path = write(tmp_path, 'knob = "attention_sink_dtype"\n' + SERVERS)
+    result = check(str(path), "--max-model-len", "8192")
+    assert result.exit_code == 0, result.output
+    assert error_lines(result) == [
+        f"warning: {path}: knob: 'attention_sink_dtype' is not a setting kvprobe knows (kv_cache_dtype, "
+        "mamba_ssm_cache_dtype, mamba_cache_dtype, or a vllm:cache_config_info label such as cache_dtype): eval "
+        "reads it as a label of that name, and says so when a server has none"]
+    assert f"{path}: valid, with 1 warning(s) (on stderr); nothing was measured" in result.stdout
+
+
+def test_a_url_with_an_api_path_is_refused_naming_the_path(tmp_path: Path) -> None:
+    path = write(tmp_path, SERVERS.replace("http://127.0.0.1:8102/v1", "http://127.0.0.1:8102/v1/chat/completions"))
+    assert _refused(check(str(path))) == (
+        f"{path}: server[1].url: the path /v1/chat/completions is not part of a server's address: give "
+        "http://127.0.0.1:8102 (with or without /v1): kvprobe adds the API paths itself")
+
+
+def test_a_plan_that_leaves_declared_bars_unmeasured_says_it_cannot_reach_adopt(tmp_path: Path) -> None:
+    result = check(str(write(tmp_path, "[tasks]\n" + SERVERS)), "--max-model-len", "512")
+    assert result.exit_code == 0, result.output
+    lines = error_lines(result)
+    assert [line.split(", not measured here: ")[0] for line in lines] == [
+        "warning: this plan cannot reach adopt: needle_recall_drop_max and truncation_rise_max need the needle probe",
+        "warning: this plan cannot reach adopt: task_accuracy_drop_max and truncation_rise_max need the tasks probe",
+        "warning: this plan cannot reach adopt: throughput_drop_max needs the load probe"]
+    assert lines[0].endswith("set [needle] max_tokens (e.g. 128) to measure it")
+    assert "valid, with 3 warning(s)" in result.stdout
+    data = json.loads(check(str(write(tmp_path, "[tasks]\n" + SERVERS)), "--max-model-len", "512", "--json").stdout)
+    assert data["warnings"] == [line.removeprefix("warning: ") for line in lines]
+    first_look = check(str(write(tmp_path, SERVERS)), "--probes", "capacity,perplexity", "--max-model-len", "8192")
+    assert first_look.exit_code == 0
+    assert error_lines(first_look)[0] == ("warning: this plan cannot reach adopt: needle_recall_drop_max and "
+                                          "truncation_rise_max need the needle probe, which --probes leaves out: "
+                                          "add it, or read the run as a first look")
+
+
+def test_an_unset_key_variable_is_a_warning_naming_it(tmp_path: Path) -> None:
+    path = write(tmp_path, SERVERS.replace("KVPROBE_CHECK_KEY", "KVPROBE_CHECK_UNSET"))
+    result = check(str(path), "--max-model-len", "8192")
+    assert result.exit_code == 0, result.output
+    assert error_lines(result) == [f"warning: {path}: server[0].api_key_env: KVPROBE_CHECK_UNSET is not set, so auto "
+                                   "is sent no API key: export it if auto needs one"]
+    assert "API key from $KVPROBE_CHECK_UNSET (not set)" in result.stdout
+
+
+def _port_80000(tmp_path: Path) -> Path:
+    return write(tmp_path, SERVERS.replace("http://127.0.0.1:8102/v1", "http://10.0.0.6:80000"))
+
+
+def test_a_port_out_of_range_is_one_line_in_check(tmp_path: Path) -> None:
+    path = _port_80000(tmp_path)
+    assert _refused(check(str(path))) == f"{path}: server[1].url: port 80000 is out of range: a port is 1-65535"
+
+
+def test_a_port_out_of_range_stops_eval_before_any_server_is_asked(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvprobe.server import client
+
+    def no_server(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("eval made a client for a servers.toml it should have refused")
+
+    monkeypatch.setattr(client.Client, "__init__", no_server)
+    path, out = _port_80000(tmp_path), tmp_path / "run"
+    result = CliRunner().invoke(main, ["eval", "--servers", str(path), "--out", str(out)], catch_exceptions=False)
+    assert result.exit_code == 2, result.output
+    assert error_lines(result) == [f"error: {path}: server[1].url: port 80000 is out of range: a port is 1-65535"]
+    assert not out.exists()
+
+
 def test_problems_as_json(tmp_path: Path) -> None:
     bad = check(str(write(tmp_path, "[bars]\nbogus = 1\n" + SERVERS)), "--json")
     assert bad.exit_code == 2
     assert json.loads(bad.stdout) == {"servers_file": str(tmp_path / "servers.toml"), "valid": False,
                                       "problems": [f"{tmp_path / 'servers.toml'}: bars.bogus: unknown key: remove "
-                                                   "it or check its spelling"]}
+                                                   "it ([bars] takes allow_large_bars, perplexity_delta_max, "
+                                                   "needle_recall_drop_max, truncation_rise_max, capacity_gain_min, "
+                                                   "throughput_drop_max, p99_latency_rise_max, kl_mean_max, "
+                                                   "task_accuracy_drop_max, top1_agreement_min)"]}
     late = check(str(write(tmp_path, "[needle]\nmax_tokens = 1024\n" + SERVERS)), "--json", "--max-model-len", "512")
     data = json.loads(late.stdout)
     assert late.exit_code == 2 and data["valid"] is False and data["estimate"] is None
@@ -226,6 +336,18 @@ def test_reach_says_each_unreachable_or_refusing_server_in_one_line(tmp_path: Pa
     assert lines[0].startswith("error: auto: HTTP 401 /health") and "check the API key" in lines[0]
     assert lines[1].startswith("error: fp8: cannot reach http://127.0.0.1:8102/health")
     assert SECRET not in result.output
+
+
+def test_reach_names_an_unset_key_variable_when_a_server_refuses_without_a_key(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    auto = Replay("auto-8101")
+    auto.routes[("GET", "/health")] = lambda r: httpx.Response(401, json={"error": "invalid api key"})
+    _reach_through(monkeypatch, {"127.0.0.1:8101": auto, "127.0.0.1:8102": Replay("fp8-8102")})
+    result = check(str(write(tmp_path, SERVERS.replace("KVPROBE_CHECK_KEY", "KVPROBE_CHECK_UNSET"))), "--reach")
+    assert result.exit_code == 2
+    (line,) = [line for line in error_lines(result) if line.startswith("error: ")]
+    assert line.startswith("error: auto: HTTP 401 /health") and line.endswith(
+        "KVPROBE_CHECK_UNSET (api_key_env) is not set: export it with auto's API key")
 
 
 def test_reach_refuses_a_model_the_server_does_not_serve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -147,6 +147,7 @@ def test_a_length_over_max_model_len_is_refused_up_front(vllm_servers, tmp_path)
     toml = tmp_path / "servers.toml"
     toml.write_text(
         f'[[server]]\nname = "auto"\nurl = "{vllm_servers["reference"].url}"\nrole = "reference"\n\n'
+        f'[[server]]\nname = "cand"\nurl = "{vllm_servers["any_2x"].url}"\n\n'  # a file with no candidate is refused
         "[needle]\nlengths = [1024, 9000]\n")
     out = tmp_path / "run"
     done = subprocess.run([sys.executable, "-m", "kvprobe.cli", "eval", "--servers", str(toml), "--probes", "needle",

@@ -12,7 +12,8 @@ from kvprobe.errors import ConfigError
 from kvprobe.quality import lmeval
 from kvprobe.quality.own_data import OWN_TASK, own_task_dir
 
-SERVERS = '[[server]]\nname = "a"\nurl = "http://127.0.0.1:1"\nrole = "reference"\n'
+SERVERS = ('[[server]]\nname = "a"\nurl = "http://127.0.0.1:1"\nrole = "reference"\n'
+           '[[server]]\nname = "b"\nurl = "http://127.0.0.1:2"\n')
 
 
 def servers_toml(tmp_path: Path, perplexity: str) -> Path:
