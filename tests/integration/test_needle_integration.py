@@ -31,9 +31,10 @@ CASES = 20
 LENGTHS = [1024, 2048, 3072, 4096]  # the default grid spreads 20 needles to 7168 tokens: slower, no more telling
 
 
-def _config(servers, only_reference: bool = False, **needle):
+def _config(servers, pair: bool = False, **needle):
+    """The trio, or (`pair`) the reference and one candidate: a file with no candidate is refused."""
     tables = trio(servers)
-    return {"server": tables[:1] if only_reference else tables, "needle": needle}
+    return {"server": tables[:2] if pair else tables, "needle": needle}
 
 
 def _name(servers, key: str) -> str:
@@ -136,8 +137,8 @@ async def test_a_small_cap_truncates_streamed_answers(vllm_servers, tmp_path) ->
                                   max_tokens=12, stream=True))
     run = RunDir.create(tmp_path / "run")
     outcome = await run_eval(config, run, ["needle"], Console(file=io.StringIO()))
-    assert outcome.exit_code == 0
-    events = list(run.events("needle_case"))
+    assert outcome.exit_code in (0, 1)  # 1: the candidate's needle bar is not shown to pass on 2 needles
+    events = [e for e in run.events("needle_case") if e["server"] == config.reference.name]
     assert [e["status"] for e in events] == ["truncated", "truncated"]
     assert all(e["completion_tokens"] == 12 and e["finish_reason"] == "length" for e in events)
     assert all(e["content"] == "" and e["reasoning"] for e in events)  # stopped inside <think>
