@@ -360,7 +360,8 @@ def build_summary(ctx: EvalContext, digest: str, servers: list[str]) -> dict[str
     sizing = next((e["plan"] for e in ctx.run.events("load_plan", digest=digest)), None)
     if sizing is not None:
         out["sizing"] = sizing
-    out["stops"] = {e["server"]: e["why"] for e in ctx.run.events("load_stop", digest=digest)}
+    out["stops"] = {e["server"]: e["why"] for e in ctx.run.events("load_skip")}
+    out["stops"] |= {e["server"]: e["why"] for e in ctx.run.events("load_stop", digest=digest)}
     walls = list(ctx.run.events("load_wall"))
     wall = sum(float(e["wall_s"]) for e in walls)
     out["duty_cycle"] = round(sum(float(e["measured_s"]) for e in walls) / wall, 4) if wall > 0 else None
@@ -371,7 +372,7 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
     t_start = time.perf_counter()
     settings = ctx.config.load
     shapes = shapes_of(settings)
-    servers = ctx.active()
+    servers = _not_rejected(ctx, ctx.active())
     digest = settings_digest(settings)
     deadline = _blocks_deadline(ctx)
     _check_fits(ctx, shapes, servers)
@@ -406,6 +407,30 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
     ctx.run.write_json("load.json", summary)
     ctx.reporter.probe_done("load", summary, list(summary["servers"]))
     return summary
+
+
+def _not_rejected(ctx: EvalContext, servers: list[str]) -> list[str]:
+    """`servers` less the candidates a probe before this one already failed on a gating bar: the verdict rejects
+    them whatever their speed, so the load budget goes to the candidates it can still decide (and a server
+    whose KV format wrecks the model is not loaded further). Each one skipped is said and recorded."""
+    skipped = {e["server"]: e["why"] for e in ctx.run.events("load_skip")}
+    if ctx.judge is not None:
+        cands = [s for s in servers if s != ctx.reference and s not in skipped]
+        for probe, summary in ctx.results.items():
+            if probe in ("load", "verdict") or not isinstance(summary, dict) or not cands:
+                continue
+            try:
+                judged = ctx.judge(probe, summary, ctx.reference, cands, ctx.config.bars)
+            except KeyError:  # not a probe the verdict reads
+                continue
+            for cand, checks in judged.items():
+                failed = next((c for c in checks if c.get("outcome") == "fail" and c.get("gating", True)), None)
+                if failed is not None and cand not in skipped:
+                    why = f"already rejected by {probe}: {failed.get('metric') or failed['id']} fails"
+                    skipped[cand] = why
+                    ctx.run.event("load_skip", server=cand, why=why)
+                    ctx.console.print(f"load: {cand} not measured, {why}", highlight=False)
+    return [s for s in servers if s not in skipped]
 
 
 def _standing(ctx: EvalContext, digest: str, servers: list[str]) -> dict[str, list[dict[str, Any]]]:

@@ -247,3 +247,34 @@ async def test_an_operators_cases_fitted_to_the_budget_count_the_pilots_blocks(t
 def test_servers_on_cpus_get_the_longer_quiet_window() -> None:
     assert quiet_window(["cuda", "cuda"]) == quiet_window([None]) == QUIET_S
     assert quiet_window(["cuda", "cpu"]) == CPU_QUIET_S > QUIET_S
+
+
+async def test_a_candidate_an_earlier_probe_rejected_gets_no_load_blocks(tmp_path: Path) -> None:
+    from kvprobe.probes import load as load_probe
+
+    multi = MultiReplay({"127.0.0.1:8101": Replay("auto-8101"), "127.0.0.1:8102": Replay("fp8-8102")})
+    run = RunDir.create(tmp_path / "run")
+    config = _config({"repeats": 2})
+    console = Console(file=io.StringIO(), width=200)
+
+    def judge(probe: str, summary: dict, reference: str, candidates: list[str], bars: object) -> dict:
+        assert probe == "perplexity" and candidates == ["fp8"]
+        return {"fp8": [{"id": "perplexity.delta", "metric": "perplexity delta", "outcome": "fail", "gating": True}]}
+
+    class Ctx:  # only what _not_rejected reads
+        pass
+
+    ctx = Ctx()
+    ctx.judge, ctx.results, ctx.reference, ctx.config, ctx.run, ctx.console = (
+        judge, {"perplexity": {"servers": {}}}, "auto", config, run, console)
+    assert load_probe._not_rejected(ctx, ["auto", "fp8"]) == ["auto"]
+    assert "fp8 not measured, already rejected by perplexity: perplexity delta fails" in console.file.getvalue()
+    assert [e["server"] for e in run.events("load_skip")] == ["fp8"]
+    # a resumed run remembers it without judging again
+    ctx.judge = None
+    assert load_probe._not_rejected(ctx, ["auto", "fp8"]) == ["auto"]
+    await run_eval(config, run, ["load"], Console(file=io.StringIO()), transport=multi.transport())
+    verdict = json.loads((run.path / "verdict.json").read_text())
+    endpoint = next(c for c in verdict["decisions"]["fp8"]["checks"] if c["id"] == "load.endpoint.throughput_drop")
+    assert endpoint["outcome"] == "not_measured" and "already rejected by perplexity" in endpoint["text"]
+    assert not [e for e in run.events("load_case") if e["server"] == "fp8"]

@@ -311,8 +311,10 @@ def _load_checks(inputs: dict[str, Any], cand: str, bars: Any) -> list[dict[str,
     ref_groups, cand_groups = grouped(inputs["reference"]), grouped(cand)
     if not ref_groups or not cand_groups:
         who = inputs["reference"] if not ref_groups else cand
+        # why the probe left it out (a candidate another probe had already rejected), where it says
+        why = (probe.get("stops") or {}).get(cand) if ref_groups else None
         return [not_measured("load.endpoint.throughput_drop", "throughput_drop_max", "throughput drop", "load",
-                             f"no load cases for {who}", bars.throughput_drop_max)]
+                             why or f"no load cases for {who}", bars.throughput_drop_max)]
     blocks = Blocks(ref_groups, cand_groups, bars, (inputs["reference"], cand))
     fields = {case_key(c): case_fields(c) for name in (inputs["reference"], cand)
               for c in (servers.get(name) or {}).get("cases") or []}
