@@ -30,7 +30,7 @@ from kvprobe.load import spec_decode
 from kvprobe.load.generator import CaseOutcome, CaseRunner
 from kvprobe.load.processes import START_DELAY_S, ShardJob, Workers, merge_client, processes_for, read_rows
 from kvprobe.load.sampler import MetricsSampler
-from kvprobe.load.settle import quiet, quiet_window
+from kvprobe.load.settle import on_shared_cpus, quiet
 from kvprobe.load.sizing import PILOT_BLOCKS, CasePlan, describe, pilot_figures
 from kvprobe.load.sizing import plan as plan_cases
 from kvprobe.load.stats import combine_repeats, summarize_run
@@ -257,9 +257,9 @@ async def _sharded(ctx: EvalContext, workers: Workers, name: str, shape: Shape, 
     return outcome, merge_client([r.client for r in results])
 
 
-def _quiet_s(ctx: EvalContext) -> float:
-    return quiet_window([inv.platform.device if inv.platform else None
-                         for name, inv in ctx.inventories.items() if name in ctx.active()])
+def _on_cpus(ctx: EvalContext) -> bool:
+    return on_shared_cpus([inv.platform.device if inv.platform else None
+                           for name, inv in ctx.inventories.items() if name in ctx.active()])
 
 
 async def _run_unit(ctx: EvalContext, name: str, shape: Shape, agents: int, repeat: int, digest: str,
@@ -268,9 +268,9 @@ async def _run_unit(ctx: EvalContext, name: str, shape: Shape, agents: int, repe
     settings = ctx.config.load
     t0 = time.perf_counter()
     # The reset and the wait for every server to go quiet overlap: nothing is measured meanwhile.
-    reset, _ = await asyncio.gather(_reset_prefix_cache(ctx, name, notes),
-                                    quiet([ctx.clients[n] for n in ctx.active()], settings.settle_s,
-                                          _quiet_s(ctx)))
+    wait = (asyncio.sleep(settings.settle_s) if _on_cpus(ctx)
+            else quiet([ctx.clients[n] for n in ctx.active()], settings.settle_s))
+    reset, _ = await asyncio.gather(_reset_prefix_cache(ctx, name, notes), wait)
     if not reset:
         return
     nonce = case_nonce(run_nonce, shape.name, agents, repeat)

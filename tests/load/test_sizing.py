@@ -16,7 +16,7 @@ from rich.console import Console
 
 from kvprobe.config import parse_config
 from kvprobe.evaluate.orchestrate import run_eval
-from kvprobe.load.settle import CPU_QUIET_S, QUIET_S, quiet, quiet_window
+from kvprobe.load.settle import on_shared_cpus, quiet
 from kvprobe.load.sizing import MULTIPLIERS, TARGET_POWER, Pilot, describe, pilot_figures, plan
 from kvprobe.run.store import RunDir
 from kvprobe.server.client import Client
@@ -244,9 +244,9 @@ async def test_an_operators_cases_fitted_to_the_budget_count_the_pilots_blocks(t
     assert all(len(c["repeats"]) >= 2 for c in data["servers"]["fp8"]["cases"])  # the pilot's two among them
 
 
-def test_servers_on_cpus_get_the_longer_quiet_window() -> None:
-    assert quiet_window(["cuda", "cuda"]) == quiet_window([None]) == QUIET_S
-    assert quiet_window(["cuda", "cpu"]) == CPU_QUIET_S > QUIET_S
+def test_servers_on_cpus_keep_the_fixed_pause() -> None:
+    assert not on_shared_cpus(["cuda", "cuda"]) and not on_shared_cpus([None])
+    assert on_shared_cpus(["cuda", "cpu"])
 
 
 async def test_a_candidate_an_earlier_probe_rejected_gets_no_load_blocks(tmp_path: Path) -> None:
