@@ -24,9 +24,10 @@ QUIET_S = 0.3
 def on_shared_cpus(devices: Sequence[str | None]) -> bool:
     """Servers on CPUs (a test box, sharing cores with each other and the client): the last case's OpenMP
     threads spin down for up to ~1 s after /metrics already says idle, and polling /metrics meanwhile costs the
-    servers' cores too. There the fixed settle_s pause stays: with a 1 s quiet window instead, on a 2-core Intel
-    Xeon (AMX) the client's loop ran late (mean 3-11 ms, p99 40-190 ms) in enough cases that 7 of 12 demo blocks
-    were dropped as client-limited. `devices`: "cpu", "cuda", or None where a server does not say."""
+    servers' cores too. There the fixed settle_s pause stays, the measured choice of earlier runs: with a 1 s
+    quiet window on a 2-core Intel Xeon (AMX) the client's loop ran late (mean 3-11 ms, p99 40-190 ms) in enough
+    cases that 7 of 12 demo blocks were dropped as client-limited, though the same box dropped 3 of 4 with the
+    2 s pause too, so the window is not shown to be the cause. `devices`: "cpu", "cuda", or None."""
     return "cpu" in devices
 POLL_S = 0.1
 
