@@ -394,7 +394,7 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
                 ctx.console.print(f"load: {need} client worker processes (pids {', '.join(map(str, workers.pids))})",
                                   highlight=False)
             blocks = _Blocks(ctx, shapes, notes, servers, workers, deadline, spent)
-            if _sized(ctx, servers):
+            if _sized(ctx, servers, deadline):
                 digest, run_nonce = await _pilot_then_plan(ctx, blocks, digest, run_nonce, source)
             await blocks.run(digest, run_nonce, source)
     finally:
@@ -581,13 +581,13 @@ class _Blocks:
                     _say_look(ctx, digest, servers, open_, progress)
 
 
-def _sized(ctx: EvalContext, servers: list[str]) -> bool:
+def _sized(ctx: EvalContext, servers: list[str], deadline: float | None) -> bool:
     """Whether a pilot plans the blocks: a sequential design with a candidate to compare, and something to
     choose (the case length, free unless the operator sized the cases, or the blocks a budget holds)."""
     settings = ctx.config.load
     if settings.repeats is not None or all(n == ctx.reference for n in servers):
         return False
-    return _resizes(settings) or _blocks_deadline(ctx) is not None
+    return _resizes(settings) or deadline is not None
 
 
 async def _pilot_then_plan(ctx: EvalContext, blocks: _Blocks, digest: str, run_nonce: str,
