@@ -2,7 +2,8 @@
 # On the H200 host, in the call that unpacks vLLM (../shared/gpu): copy the project to /tmp/w/proj (the
 # tree the device lays anew for every call must not change under a running eval), start the four real
 # vLLM servers and the stretching proxy, wait for them, then start the eval in the background.
-#   bash benchmarks/gpu/start.sh [probes]      # default capacity,load
+#   bash benchmarks/gpu/start.sh [probes]                  # default capacity,load: speed.toml
+#   bash benchmarks/gpu/start.sh PROBES NAME=TOML ...      # those evals one after the other (series.sh)
 set -euo pipefail
 W=/tmp/w; mkdir -p $W; rm -rf $W/proj; mkdir $W/proj
 tar --exclude=./.git --exclude='./.gpu/vx.part.*' -cf - . | tar -C $W/proj -xf -
@@ -14,4 +15,4 @@ bash .gpu/bin/serve.sh 8103 "$M" needle-llama 8192 --kv-cache-dtype fp8
 bash .gpu/bin/serve.sh 8104 "$M" needle-llama 8192 --kv-cache-dtype int8_per_token_head
 setsid nohup python3 tests/faultproxy.py --stretch 1.3 --port 8105 http://127.0.0.1:8102 >$W/proxy.log 2>&1 </dev/null &
 python3 .gpu/bin/wait_ready.py 8101 8102 8103 8104 8105
-bash benchmarks/gpu/launch.sh eval speed "${1:-capacity,load}"
+if [ $# -gt 1 ]; then bash benchmarks/gpu/series.sh "$@"; else bash benchmarks/gpu/launch.sh eval speed "${1:-capacity,load}"; fi
