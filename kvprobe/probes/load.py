@@ -582,34 +582,34 @@ class _Blocks:
 
 
 def _sized(ctx: EvalContext, servers: list[str], deadline: float | None) -> bool:
-    """Whether a pilot plans the blocks: a sequential design with a candidate to compare, and something to
-    choose (the case length, free unless the operator sized the cases, or the blocks a budget holds)."""
+    """Whether a pilot plans the blocks: a sequential design with a candidate to compare, and a time to fit
+    (a budget or a canary's deadline). Without one the declared design runs as it is: a plan free of a
+    time cost would buy power with ever longer cases."""
     settings = ctx.config.load
     if settings.repeats is not None or all(n == ctx.reference for n in servers):
         return False
-    return _resizes(settings) or deadline is not None
+    return deadline is not None
 
 
 async def _pilot_then_plan(ctx: EvalContext, blocks: _Blocks, digest: str, run_nonce: str,
                            source: TextSource) -> tuple[str, str]:
     """Run the pilot blocks, choose the case length and design from them (recorded, so a resumed run keeps
-    it), and apply it: the digest and nonce of the blocks the plan governs. A pilot that chooses the case
-    length from its noise is recorded under a digest of its own and does not count (kvprobe.load.sizing);
-    one that only fits the operator's cases to the budget is blocks of the design."""
+    it), and apply it: the digest and nonce of the blocks the plan governs. The pilot runs the first blocks
+    at the size the settings give; when the plan keeps that size they are its first blocks, when it
+    lengthens the cases the governed blocks have a digest of their own and the pilot does not count
+    (kvprobe.load.sizing)."""
     resize = _resizes(ctx.config.load)
-    pilot = f"{digest}-pilot" if resize else digest
-    recorded = next(ctx.run.events("load_plan", pilot=pilot), None)
+    recorded = next(ctx.run.events("load_plan", pilot=digest), None)
     if recorded is None:
-        pilot_nonce = (await _load_setup(ctx, pilot))[1] if resize else run_nonce
-        await blocks.run(pilot, pilot_nonce, source, upto=PILOT_BLOCKS)
+        await blocks.run(digest, run_nonce, source, upto=PILOT_BLOCKS)
         if ctx.reference not in ctx.active():
             return digest, run_nonce
-        chosen = _plan(ctx, pilot, blocks, resize)
+        chosen = _plan(ctx, digest, blocks, resize)
         overrides: dict[str, Any] = {"max_blocks": chosen.max_blocks}
         if chosen.duration_s is not None:  # the case runs for its length, not to a request count
             overrides |= {"duration_s": chosen.duration_s, "requests_per_case": None}
         governed = settings_digest(ctx.config.load.model_copy(update=overrides))
-        ctx.run.event("load_plan", pilot=pilot, digest=governed, overrides=overrides, plan=chosen.as_dict())
+        ctx.run.event("load_plan", pilot=digest, digest=governed, overrides=overrides, plan=chosen.as_dict())
         margin = -math.log1p(-ctx.config.bars.throughput_drop_max)
         for line in describe(chosen, margin, ctx.config.bars.throughput_drop_max):
             ctx.console.print(line, highlight=False, soft_wrap=True)

@@ -54,36 +54,34 @@ GPU = Pilot(blocks=2, case_s=1.4, overhead_s=0.4, turn_s=0.3, case_var=0.2 ** 2,
 CPU = Pilot(blocks=2, case_s=12.0, overhead_s=2.0, turn_s=3.0, case_var=0.048 ** 2, df=10)  # the demo's
 
 
-def test_short_noisy_cases_are_lengthened_and_the_design_fits_the_budget() -> None:
+def test_noise_that_does_not_average_keeps_the_default_size_and_the_pilot_counts() -> None:
     chosen = plan(GPU, servers=2, cases=5, scope=5, margin=MARGIN, max_blocks=20, look_every=4, budget_s=500.0,
                   resize=True)
-    assert chosen.duration_s is not None and chosen.duration_s > GPU.case_s and not chosen.counts_pilot
-    # the blocks the design plans fit in the time left (no look is planned past the budget)
-    assert chosen.max_blocks * chosen.block_s <= 500.0 and chosen.looks[-1] == chosen.max_blocks
-    # at the default size the same budget holds more blocks, each noisier: lengthening never loses power
-    default = plan(GPU, servers=2, cases=5, scope=5, margin=MARGIN, max_blocks=20, look_every=4, budget_s=500.0,
-                   resize=False)
-    assert default.duration_s is None and default.max_blocks == 20  # 2 pilot blocks + 18 more fit, capped at 20
-    assert chosen.p_pass_equal >= default.p_pass_equal
+    # a longer case costs its length and buys little (NOISE_EXPONENT): the budget goes to blocks instead
+    assert chosen.duration_s is None and chosen.multiplier == 1.0 and chosen.counts_pilot
+    assert chosen.max_blocks == min(20, 2 + int(0.95 * 500.0 // chosen.block_s))
+    # the blocks after the pilot fit in the time left, and the last look is the last block
+    assert (chosen.max_blocks - 2) * chosen.block_s <= 500.0 and chosen.looks[-1] == chosen.max_blocks
+    assert "the pilot's 2 counted" in describe(chosen, MARGIN, 0.05)[0]
 
 
-def test_the_shortest_length_that_reaches_the_target_power_is_chosen() -> None:
-    chosen = plan(GPU, servers=2, cases=5, scope=5, margin=MARGIN, max_blocks=20, look_every=4, budget_s=None,
-                  resize=True)
-    assert chosen.max_blocks == 20 and chosen.p_pass_equal >= TARGET_POWER
-    shorter = [m for m in MULTIPLIERS if m < chosen.multiplier]
-    for m in shorter:  # every shorter length falls short of the target
-        sigma = math.sqrt(GPU.case_var * GPU.case_s / ((m * GPU.case_s + (GPU.turn_s if m > 1 else 0)) * 5))
-        assert sigma > chosen.sigma_block
+def test_when_max_blocks_caps_the_blocks_the_shortest_length_reaching_the_target_is_chosen(monkeypatch) -> None:
+    from kvprobe.load import sizing
+
+    quieter = Pilot(**{**GPU.__dict__, "case_var": 0.1 ** 2, "df": 200})
+    kw = dict(servers=2, cases=5, scope=5, margin=MARGIN, max_blocks=12, look_every=4, budget_s=5000.0, resize=True)
+    chosen = plan(quieter, **kw)
+    assert chosen.max_blocks == 12 and chosen.multiplier > 1 and chosen.p_pass_equal >= TARGET_POWER
+    assert not chosen.counts_pilot  # the pilot ran at another size
+    monkeypatch.setattr(sizing, "MULTIPLIERS", tuple(m for m in MULTIPLIERS if m < chosen.multiplier))
+    assert plan(quieter, **kw).p_pass_equal < TARGET_POWER  # every shorter length falls short of it
 
 
-def test_long_quiet_cpu_cases_keep_their_size_and_the_pilot_is_only_a_pilot() -> None:
+def test_long_quiet_cpu_cases_keep_their_size_and_the_pilot_counts() -> None:
     chosen = plan(CPU, servers=2, cases=5, scope=5, margin=MARGIN, max_blocks=20, look_every=4, budget_s=500.0,
                   resize=True)
-    # chosen from the pilot's noise: its blocks do not count, and the budget left holds the design's blocks
-    assert chosen.duration_s is None and chosen.multiplier == 1.0 and not chosen.counts_pilot
-    assert chosen.max_blocks == int(0.95 * 500.0 // chosen.block_s)
-    assert "counted" not in describe(chosen, MARGIN, 0.05)[0]
+    assert chosen.duration_s is None and chosen.multiplier == 1.0 and chosen.counts_pilot
+    assert chosen.max_blocks == 2 + int(0.95 * 500.0 // chosen.block_s)
 
 
 def test_an_operators_cases_keep_their_size_and_the_pilot_counts() -> None:
@@ -188,9 +186,9 @@ async def test_the_pilot_plans_the_blocks_records_the_plan_and_a_resume_keeps_it
     assert 0 < data["duty_cycle"] <= 1
     walls = list(run.events("load_wall"))
     assert len(walls) == 1 and walls[0]["measured_s"] <= walls[0]["wall_s"]
-    # the pilot chose from its noise: its blocks are recorded apart and are not the endpoint's
-    assert not recorded["plan"]["counts_pilot"] and recorded["pilot"].endswith("-pilot")
-    assert {e["repeat"] for e in run.events("load_case", digest=recorded["pilot"])} == {0, 1}
+    # the pilot's blocks are the design's first ones exactly when the plan kept their size
+    assert recorded["plan"]["counts_pilot"] == (recorded["digest"] == recorded["pilot"])
+    assert data["digest"] == recorded["digest"]
     # a rerun into the same directory runs no second pilot and measures nothing new
     before = len(list(run.events("load_case")))
     await run_eval(_config({"budget_s": 60, "max_blocks": 6}), run, ["load"], Console(file=io.StringIO()),
@@ -230,6 +228,27 @@ async def test_a_resized_plan_measures_its_blocks_apart_from_the_pilot(tmp_path:
     assert data["sizing"]["counts_pilot"] is False
     runs = sum(len(c["repeats"]) for c in data["servers"]["fp8"]["cases"])
     assert runs == len([e for e in governed if e["server"] == "fp8"])  # the pilot's blocks are not in the endpoint
+
+
+async def test_a_plan_that_keeps_the_default_size_counts_the_pilots_blocks(tmp_path: Path, monkeypatch) -> None:
+    from kvprobe.load import sizing
+    from kvprobe.probes import load as load_probe
+
+    def same_size(pilot: Pilot, **kw: object) -> sizing.CasePlan:
+        return sizing.CasePlan(None, 1.0, 4, (4,), 3.2, 5.0, 0.02, 0.9, 0.03, kw["budget_s"], pilot, True)
+
+    monkeypatch.setattr(load_probe, "plan_cases", same_size)
+    multi = MultiReplay({"127.0.0.1:8101": Replay("auto-8101"), "127.0.0.1:8102": Replay("fp8-8102")})
+    run = RunDir.create(tmp_path / "run")
+    await run_eval(_config({"budget_s": 60}), run, ["load"], Console(file=io.StringIO()), transport=multi.transport())
+    recorded = next(run.events("load_plan"))
+    assert recorded["digest"] == recorded["pilot"] and recorded["overrides"] == {"max_blocks": 4}
+    data = json.loads((run.path / "load.json").read_text())
+    # the pilot's two blocks and the design's next ones, under one digest (a client-limited block may
+    # add a spare one)
+    assert min(len(c["repeats"]) for c in data["servers"]["fp8"]["cases"]) >= 4
+    assert {e["repeat"] for e in run.events("load_case")} >= {0, 1, 2, 3}
+    assert {e["digest"] for e in run.events("load_case")} == {recorded["digest"]}
 
 
 async def test_an_operators_cases_fitted_to_the_budget_count_the_pilots_blocks(tmp_path: Path) -> None:
