@@ -145,7 +145,7 @@ def perplexity_table(v: dict[str, Any]) -> TableData | None:
             t.tags.append("reference")
             continue
         check = checks.get(name) or {}
-        t.rows.append([*own, cells.value_text(bar, check.get("value")), cells.interval_text(check),
+        t.rows.append([*own, *cells.figure(check),
                        cells.noise_text(check.get("noise", row.get("noise"))), _outcome(check or None)])
         t.tags.append(check.get("outcome"))
     limit = (v.get("bars") or {}).get(bar)
@@ -418,9 +418,8 @@ def checks_table(v: dict[str, Any]) -> TableData:
                                   "detail"])
     for name, d in v["decisions"].items():
         for c in d.get("checks") or []:
-            t.rows.append([name, c.get("id") or cells.label(c), c["bar"], c.get("case") or "-",
-                           cells.value_text(c["bar"], c.get("value")), cells.interval_text(c), cells.limit_text(c),
-                           c["outcome"], c["text"]])
+            t.rows.append([name, c.get("id") or cells.label(c), c["bar"], c.get("case") or "-", *cells.figure(c),
+                           cells.limit_text(c), c["outcome"], c["text"]])
             t.tags.append(c["outcome"])
     return t
 
