@@ -6,29 +6,36 @@ wrap their text here."""
 
 from __future__ import annotations
 
+import re
+
 # An interval's ends are a few words apart at most: a "[" whose "]" is further off is not an interval,
 # and gluing it would keep a whole sentence on one line.
 _INTERVAL_WORDS = 3
 
 
-def tokens(text: str) -> list[str]:
-    """The unbreakable units of `text`: its words, with the words of a bracketed interval joined by one space."""
-    words = text.split()
-    out: list[str] = []
+def _units(text: str) -> list[tuple[int, int]]:
+    """Where the unbreakable units of `text` are: its words, a bracketed interval's words as one."""
+    words = [m.span() for m in re.finditer(r"\S+", text)]
+    out: list[tuple[int, int]] = []
     i = 0
     while i < len(words):
-        word = words[i]
-        opened = word.rfind("[")
-        if opened >= 0 and "]" not in word[opened:]:
-            close = next((j for j in range(i + 1, min(len(words), i + 1 + _INTERVAL_WORDS)) if "]" in words[j]),
-                         None)
+        start, end = words[i]
+        opened = text.rfind("[", start, end)
+        if opened >= 0 and "]" not in text[opened:end]:
+            close = next((j for j in range(i + 1, min(len(words), i + 1 + _INTERVAL_WORDS))
+                          if "]" in text[slice(*words[j])]), None)
             if close is not None:
-                out.append(" ".join(words[i:close + 1]))
+                out.append((start, words[close][1]))
                 i = close + 1
                 continue
-        out.append(word)
+        out.append((start, end))
         i += 1
     return out
+
+
+def tokens(text: str) -> list[str]:
+    """The unbreakable units of `text`: its words, with the words of a bracketed interval as one."""
+    return [text[a:b] for a, b in _units(text)]
 
 
 def longest(text: str) -> int:
@@ -38,16 +45,17 @@ def longest(text: str) -> int:
 
 def wrap(text: str, width: int, indent: str = "", hang: str = "") -> list[str]:
     """`text` in lines of at most `width` characters (a unit longer than the room is a line of its own);
-    the first line starts with `indent`, the others with `hang`."""
+    the first line starts with `indent`, the others with `hang`. The spaces between two units on one line
+    are the text's own (a plan's aligned columns stay aligned); a line breaks in place of them."""
     lines: list[str] = []
     line = indent
-    fresh = True  # nothing on the line yet but its indent
-    for unit in tokens(text):
-        if not fresh and len(line) + 1 + len(unit) > width:
+    last = None  # where the previous unit on this line ended; None: nothing on the line yet
+    for start, end in _units(text):
+        if last is not None and len(line) + (start - last) + (end - start) > width:
             lines.append(line)
-            line, fresh = hang, True
-        line = line + unit if fresh else f"{line} {unit}"
-        fresh = False
-    if not fresh or not lines:
+            line, last = hang, None
+        line += (text[last:start] if last is not None else "") + text[start:end]
+        last = end
+    if last is not None or not lines:
         lines.append(line)
     return lines
