@@ -29,6 +29,8 @@ RULE = "─"
 # A free-text column narrower than this reads as a column of single words: it goes under the table.
 PROSE_MIN = 32
 CONTINUED = " (continued)"
+# The width a column is packed at (or its natural width, when narrower); a key column a little wider.
+SNUG, SNUG_KEY = 12, 24
 
 
 @dataclass
@@ -84,11 +86,15 @@ def _parts(data: TableData, width: int) -> tuple[list[dict[int, int]], list[Colu
     room = (width - _total(kept, natural) - GAP * len(prose)) // max(len(prose), 1)
     if prose and all(room >= max(PROSE_MIN, c.least) for c in prose):
         return [{c.index: min(c.natural, room) if c in prose else c.natural for c in cols}], []
-    least = {c.index: c.least for c in cols}
+    # Packed at a snug width, not the least: a column squeezed to its longest word makes every row as tall as
+    # its tallest cell (a check's name over four lines), where one more table under this one costs a header.
+    snug = {c.index: min(c.natural, max(c.least, SNUG_KEY if c in keys else SNUG)) for c in cols}
+    if _total(keys + others[:1], snug) > width:
+        snug = {c.index: c.least for c in cols}
     parts: list[list[Column]] = []
     current: list[Column] = []
     for c in others:
-        if current and _total(keys + current + [c], least) > width:
+        if current and _total(keys + current + [c], snug) > width:
             parts.append(current)
             current = []
         current.append(c)
