@@ -64,6 +64,19 @@ def size_console() -> None:
         out_console.width = None if sys.stdout.isatty() else 120  # type: ignore[assignment]
 
 
+def print_lines(lines: list[str]) -> None:
+    """Plain lines on stdout in the terminal's width (COLUMNS): each wrapped between words, never inside a
+    figure (kvprobe.report.wrap), its continuation indented under it; a word wider than the line (a path)
+    stays whole, for copy and paste."""
+    from kvprobe.report.wrap import wrap
+
+    width = out_console.width
+    for line in lines:
+        indent = line[:len(line) - len(line.lstrip())]
+        for part in wrap(line, width, indent, indent + "    "):
+            out_console.print(part, highlight=False, markup=False, soft_wrap=True)
+
+
 def run_console() -> Console:
     """What a run prints as it goes (progress, a line per probe): nothing with --quiet."""
     return Console(stderr=True, quiet=True) if view == "quiet" else err_console

@@ -8,9 +8,8 @@ from typing import Any
 
 import click
 import orjson
-from rich.markup import escape
 
-from kvprobe.cli._common import PROBES_HELP, _fail, out_console, warn
+from kvprobe.cli._common import PROBES_HELP, _fail, print_lines, warn
 from kvprobe.errors import EXIT_CANNOT_RUN, EXIT_OK, ConfigError
 
 
@@ -51,8 +50,7 @@ def check_cmd(servers_file: Path, probes: str | None, max_model_len: int | None,
     if as_json:
         _json(plan.data)
     elif plan.ok:
-        for line in describe(plan.data):
-            out_console.print(escape(line), highlight=False, soft_wrap=True)
+        print_lines(describe(plan.data))
     if not plan.ok:
         _fail(plan.problems, EXIT_CANNOT_RUN)
     sys.exit(EXIT_OK)

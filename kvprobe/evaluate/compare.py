@@ -29,7 +29,12 @@ import orjson
 
 from kvprobe.errors import ConfigError, KvprobeError
 from kvprobe.knob import DEFAULT as DEFAULT_KNOB
+from kvprobe.report import cells
+from kvprobe.report.platform_text import platform_short
+from kvprobe.server.platform import Platform
 from kvprobe.verdict.build import rederive, same
+
+SCHEMA = "kvprobe.compare/1"
 
 # Higher is better. no_gain and inconclusive tie: neither is adopted and neither failed a bar.
 DECISION_RANK = {"adopt": 3, "no_gain": 2, "inconclusive": 2, "reject": 1, "broken": 0, "invalid": 0}
@@ -93,18 +98,20 @@ def load_side(label: str, target: Path, allowed_signers: Path | None, unsigned: 
 # -- checks and decisions ------------------------------------------------------------------------
 
 def check_key(check: dict[str, Any]) -> str:
-    """A check's stable id; rules/2 verdicts had none, so their probe, case and metric stand in."""
+    """A check's stable id; rules/2 verdicts had none, so what it measures stands in (its metric and case, as
+    the summary names it: `kvprobe_qa exact_match drop`, not `tasks.kvprobe_qa.kvprobe_qa exact_match drop`)."""
     if check.get("id"):
         return str(check["id"])
-    parts = [check.get("probe"), check.get("case"), check.get("metric") or check.get("bar")]
-    return ".".join(str(p) for p in parts if p)
+    return cells.label(check)
 
 
 def _check_view(check: dict[str, Any] | None) -> dict[str, Any] | None:
     if check is None:
         return None
+    # `shown`: the figure as every other surface shows it (a speed check as its ratio: kvprobe.report.cells)
     return {"outcome": check.get("outcome"), "value": check.get("value"), "interval": check.get("interval"),
-            "gating": check.get("gating", True), "advisory": bool(check.get("advisory")), "text": check.get("text")}
+            "shown": cells.estimate_text(check), "gating": check.get("gating", True),
+            "advisory": bool(check.get("advisory")), "text": check.get("text")}
 
 
 def _checks(verdict: dict[str, Any], cand: str) -> dict[str, dict[str, Any]]:
@@ -132,7 +139,8 @@ def compare_checks(a: dict[str, Any], b: dict[str, Any], cand: str) -> tuple[lis
         # Advisory speed never changes a decision or an exit code, so it cannot regress one either.
         regression = bool(was and now and was["outcome"] == "pass" and now["outcome"] == "fail"
                           and not now["advisory"])
-        changed.append({"id": key, "a": was, "b": now, "change": change, "direction": direction,
+        label = cells.label(cb.get(key) or ca[key])
+        changed.append({"id": key, "label": label, "a": was, "b": now, "change": change, "direction": direction,
                         "regression": regression})
     return changed, unchanged
 
@@ -157,7 +165,7 @@ def compare_candidate(a: dict[str, Any], b: dict[str, Any], cand: str) -> dict[s
         regressions.append(f"{cand}: decision {dec_a} -> {dec_b}")
     if dec_a is not None and dec_b is None:
         regressions.append(f"{cand}: decided in A ({dec_a}), no decision in B")
-    regressions += [f"{cand}: {c['id']} pass -> fail" for c in out["checks"] if c["regression"]]
+    regressions += [f"{cand}: {c['label']} pass -> fail" for c in out["checks"] if c["regression"]]
     out["regressions"] = regressions
     return out
 
@@ -332,6 +340,37 @@ def paired_evidence(a: dict[str, Any], b: dict[str, Any], candidates: list[str])
     return rows
 
 
+# -- the platform --------------------------------------------------------------------------------
+
+def platform_drift(a: dict[str, Any], b: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+    """(each platform change, grouped over the servers it is the same for; notes on servers whose platform one
+    side did not record). What the one-knob check recorded (pin.platforms) is compared field by field where
+    both recorded the field: a verdict written before a field existed does not read as a change."""
+    pa, pb = (a.get("pin") or {}).get("platforms"), (b.get("pin") or {}).get("platforms")
+    if not isinstance(pa, dict) or not isinstance(pb, dict):
+        missing = [label for label, p in (("A", pa), ("B", pb)) if not isinstance(p, dict)]
+        return [], [f"{' and '.join(missing)} recorded no platform: whether the machine changed is not known"]
+    changes: dict[tuple[str, str, str], list[str]] = {}
+    unknown = []
+    for name in [n for n in (a.get("order") or pa) if n in pb and n in pa]:
+        x, y = pa[name], pb[name]
+        if not isinstance(x, dict) or not isinstance(y, dict):
+            if x != y:
+                unknown.append(name)
+            continue
+        fields = sorted(k for k in set(x) & set(y) if x[k] != y[k])
+        if fields:
+            key = (platform_short(Platform.from_dict(x)), platform_short(Platform.from_dict(y)), ", ".join(fields))
+            changes.setdefault(key, []).append(name)
+    items = [{"server": ", ".join(names), "what": "platform", "was": was, "now": now, "severity": "note",
+              "fields": fields.split(", "),
+              "text": f"{', '.join(names)}: platform changed: {was} -> {now} ({fields})"}
+             for (was, now, fields), names in changes.items()]
+    notes = [f"{', '.join(unknown)}: platform not exposed on one side: whether it changed is not known"] if unknown \
+        else []
+    return items, notes
+
+
 # -- the comparison ------------------------------------------------------------------------------
 
 def _knob(verdict: dict[str, Any]) -> str:
@@ -363,13 +402,16 @@ def compare(a: Side, b: Side) -> dict[str, Any]:
                      + "): an outcome can move with its bar alone")
     notes += [f"{side.label} is not verified (--unsigned): what it says is compared as it is"
               for side in (a, b) if not side.verified]
+    platform, unknown = platform_drift(va, vb)
+    notes += unknown
     per = {c: compare_candidate(va, vb, c) for c in candidates}
     drift = compare_with_baseline(va, vb, str(a.path))
     regressions = [r for c in per.values() for r in c["regressions"]]
     changed = (any(c["decision"]["changed"] or c["capacity_ratio"]["changed"] or c["kv_cache_tokens"]["changed"]
                    or c["checks"] for c in per.values())
-               or any(i["what"] != "decision" for i in drift["items"]))
-    return {
+               or any(i["what"] != "decision" for i in drift["items"]) or bool(platform))
+    result = {
+        "schema": SCHEMA,
         "a": a.as_dict(), "b": b.as_dict(),
         "reference": ref, "knob": _knob(va),
         "verdict_exit_code": _pair(va.get("exit_code"), vb.get("exit_code")),
@@ -377,27 +419,21 @@ def compare(a: Side, b: Side) -> dict[str, Any]:
                                 (vb.get("recommendation") or {}).get("server")),
         "candidates": per,
         "paired": paired_evidence(va, vb, candidates),
-        "drift": [i for i in drift["items"] if i["what"] != "decision"],
+        "drift": platform + [i for i in drift["items"] if i["what"] != "decision"],
         "notes": notes,
         "changed": changed,
+        "platform_changed": bool(platform),
         "regressions": regressions,
     }
+    return result | {"conclusion": conclusion(result)}
 
 
 # -- words ---------------------------------------------------------------------------------------
 
-def _value(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:+.4f}" if abs(v) < 10 else f"{v:,.1f}"
-    return "-" if v is None else str(v)
-
-
 def _check_text(view: dict[str, Any] | None) -> str:
     if view is None:
         return "absent"
-    iv = view.get("interval")
-    interval = f" {_fmt_interval(*iv, digits=4)}" if isinstance(iv, list) and len(iv) == 2 else ""
-    return f"{view['outcome']} {_value(view['value'])}{interval}"
+    return f"{view['outcome']} {view['shown']}"
 
 
 def _ratio(v: Any) -> str:
@@ -428,9 +464,25 @@ def paired_line(row: dict[str, Any]) -> str:
     return text + (f"; {row['note']}" if row["note"] else "")
 
 
+def conclusion(result: dict[str, Any]) -> str:
+    """The answer in one line, said first: regression or not, and why; with a platform change, that the
+    difference may be the machine's."""
+    if result["regressions"]:
+        head = "regression: " + "; ".join(result["regressions"])
+    elif result["changed"]:
+        head = "no regression: some figures moved, no decision got worse and no check went from pass to fail"
+    else:
+        head = "no regression: nothing changed (decisions, capacities, every check's outcome and value)"
+    moved = [i for i in result["drift"] if i["what"] == "platform"]
+    if moved:
+        head += ("; but the platform changed (" + "; ".join(f"{i['was']} -> {i['now']}" for i in moved)
+                 + "), so a difference between A and B is not attributable to the software")
+    return head
+
+
 def describe(result: dict[str, Any]) -> list[str]:
-    """The comparison in lines, for the terminal and a CI log."""
-    lines = []
+    """The comparison in lines, for the terminal and a CI log: the conclusion first, then what it rests on."""
+    lines = [result["conclusion"]]
     for label in ("a", "b"):
         side = result[label]
         lines.append(f"{label.upper()}: {side['path']}: {side['how']}; {side['rules']}, run {side['run']}")
@@ -438,6 +490,8 @@ def describe(result: dict[str, Any]) -> list[str]:
                  f"{result['verdict_exit_code']['a']} -> {result['verdict_exit_code']['b']}; recommendation "
                  f"{result['recommendation']['a']} -> {result['recommendation']['b']}")
     lines += [f"note: {n}" for n in result["notes"]]
+    lines += [f"drift: {i['text']}" + (" (beyond a bar by its point estimate: canary --baseline fails on it)"
+                                       if i["severity"] == "fail" else "") for i in result["drift"]]
     paired = result["paired"]
     for cand, c in result["candidates"].items():
         d = c["decision"]
@@ -448,7 +502,9 @@ def describe(result: dict[str, Any]) -> list[str]:
                      + mark)
         for ch in c["checks"]:
             tag = "  REGRESSION" if ch["regression"] else f"  ({ch['direction']})" if ch["direction"] != "same" else ""
-            lines.append(f"  {ch['id']}: {_check_text(ch['a'])} -> {_check_text(ch['b'])}{tag}")
+            was, now = _check_text(ch["a"]), _check_text(ch["b"])
+            finer = " (moved by less than the figures show)" if was == now else ""
+            lines.append(f"  {ch['label']}: {was} -> {now}{finer}{tag}")
         lines.append(f"  {c['unchanged_checks']} check(s) unchanged" if c["checks"] or c["unchanged_checks"] else
                      "  no checks")
         lines += [f"  {paired_line(r)}" for r in paired if r["server"] == cand]
@@ -456,12 +512,4 @@ def describe(result: dict[str, Any]) -> list[str]:
     if ref_rows:
         lines.append(f"{result['reference']} (reference):")
         lines += [f"  {paired_line(r)}" for r in ref_rows]
-    lines += [f"drift: {i['text']}" + (" (beyond a bar by its point estimate: canary --baseline fails on it)"
-                                       if i["severity"] == "fail" else "") for i in result["drift"]]
-    if result["regressions"]:
-        lines += [f"regression: {r}" for r in result["regressions"]]
-    elif result["changed"]:
-        lines.append("no regression: some figures moved, no decision got worse and no check went from pass to fail")
-    else:
-        lines.append("no regression: nothing changed (decisions, capacities, every check's outcome and value)")
     return lines

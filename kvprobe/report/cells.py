@@ -41,12 +41,26 @@ def interval_text(check: dict[str, Any]) -> str:
     return f"[{value_text(check.get('bar'), iv[0])}, {value_text(check.get('bar'), iv[1])}]"
 
 
+def figure(check: dict[str, Any] | None) -> tuple[str, str]:
+    """(value, 95% interval) in the one unit every surface shows the check in: a speed check as its
+    candidate/reference ratio (`1.07x`, `[0.70, 1.65]`), as the summary says it, any other in its bar's
+    units (value_text). The summary, the tables of report.md and report.html, the step summary and
+    `compare` all word a check through here, so one check never reads as 1.07x in one place and -7.27%
+    in another."""
+    if not check:
+        return "-", "-"
+    if check.get("ratio") is not None:
+        iv = check.get("ratio_interval")
+        return f"{check['ratio']:.2f}x", f"[{iv[0]:.2f}, {iv[1]:.2f}]" if iv and None not in iv else "-"
+    if check.get("value") is None:
+        return "-", "-"
+    return value_text(check.get("bar"), check["value"]), interval_text(check)
+
+
 def estimate_text(check: dict[str, Any] | None) -> str:
-    """The check's value with its 95% interval, or '-' when it has no value."""
-    if not check or check.get("value") is None:
-        return "-"
-    iv = interval_text(check)
-    return value_text(check.get("bar"), check["value"]) + ("" if iv == "-" else f" {iv}")
+    """The check's figure with its 95% interval (`figure`), or '-' when it has none."""
+    value, iv = figure(check)
+    return value if iv == "-" else f"{value} {iv}"
 
 
 def limit_text(check: dict[str, Any]) -> str:
@@ -105,9 +119,7 @@ def ratio_text(check: dict[str, Any] | None) -> str:
         return "-"
     if check.get("ratio") is None:
         return outcome_word(check)
-    iv = check.get("ratio_interval")
-    span = f" [{iv[0]:.2f}, {iv[1]:.2f}]" if iv and None not in iv else ""
-    return f"{check['ratio']:.2f}x{span} {outcome_word(check)}"
+    return f"{estimate_text(check)} {outcome_word(check)}"
 
 
 def noise_text(noise: Any) -> str:

@@ -28,10 +28,10 @@ def step_summary(v: dict[str, Any], run_dir: Path, signature: dict[str, Any] | N
         out += ["", f"<details><summary>{name}: {len(d['checks'])} checks</summary>", "",
                 "| check | value | 95% interval | limit | outcome |", "|---|---|---|---|---|"]
         for c in d["checks"]:
-            # in the bar's units (kvprobe.report.cells): percentages for perplexity and speed, fractions
-            # for answers and the answers cut at the cap
-            out.append(f"| {cell(cells.label(c))} | {cells.value_text(c['bar'], c.get('value'))} | "
-                       f"{cells.interval_text(c)} | {cells.limit_text(c)} | {c['outcome']} |")
+            # in the unit every surface uses (kvprobe.report.cells.figure): speed as a ratio, perplexity in
+            # percent, answers and the answers cut at the cap as fractions
+            value, interval = cells.figure(c)
+            out.append(f"| {cell(cells.label(c))} | {value} | {interval} | {cells.limit_text(c)} | {c['outcome']} |")
         out += ["", "</details>"]
     out += [""] + [f"- {cell(n)}" for n in notes or []]
     signed = f"signed by `{signature['fingerprint']}` (`verdict.json.sig`)" if signature else "not signed"

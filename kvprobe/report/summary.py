@@ -29,14 +29,9 @@ def _word(word: str) -> str:
     return f"[{style}]{escape(word)}[/{style}]" if style else escape(word)
 
 
-def _ratio(check: dict[str, Any]) -> str:
-    iv = check.get("ratio_interval")
-    return f"{check['ratio']:.2f}x" + (f" [{iv[0]:.2f}, {iv[1]:.2f}]" if iv and None not in iv else "")
-
-
 def check_text(check: dict[str, Any]) -> str:
-    """`perplexity delta -0.57% [-1.12%, -0.05%] (bar 1.00%) pass`; a speed check as its ratio."""
-    shown = _ratio(check) if check.get("ratio") is not None else cells.estimate_text(check)
+    """`perplexity delta -0.57% [-1.12%, -0.05%] (bar 1.00%) pass`; a speed check as its ratio (cells.figure)."""
+    shown = cells.estimate_text(check)
     value = "" if shown in ("-", "") else f" {shown}"
     bar = f" (bar {cells.limit_text(check)})" if check.get("limit") is not None else ""
     return f"{escape(cells.label(check))}{escape(value)}{escape(bar)} {_word(cells.outcome_word(check))}"

@@ -22,6 +22,10 @@ class TableData:
     note: str | None = None
     # Per row, a CSS/rich style key for the decision or outcome column (adopt, reject, pass, ...).
     tags: list[str | None] = field(default_factory=list)
+    # For a narrow terminal (kvprobe.report.text_table): how many leading columns name a row (repeated when
+    # the table continues under itself), and the free-text columns that may go under the table.
+    keys: int = 1
+    prose: tuple[str, ...] = ()
 
 
 def num(value: Any, fmt: str = ",") -> str:
@@ -50,7 +54,8 @@ def knob_value(v: dict[str, Any], name: str) -> str:
 
 
 def decisions_table(v: dict[str, Any]) -> TableData:
-    t = TableData("Decisions", ["server", "role", knob_header(v), "KV tokens", "capacity", "decision", "why"])
+    t = TableData("Decisions", ["server", "role", knob_header(v), "KV tokens", "capacity", "decision", "why"],
+                  prose=("why",))
     ref = v["reference"]
     for name in v["order"]:
         server = v["servers"].get(name) or {}
@@ -78,7 +83,7 @@ def bars_table(v: dict[str, Any]) -> TableData:
 
 def servers_table(v: dict[str, Any]) -> TableData:
     t = TableData("Servers", ["server", "role", "status", "version", "platform", "model", "max_model_len",
-                              "cache dtype", "KV tokens", "max concurrency", "smoke"])
+                              "cache dtype", "KV tokens", "max concurrency", "smoke"], prose=("platform",))
     pin = v.get("pin") or {}
     platforms = pin.get("platforms") or {}  # what the one-knob check compared; absent in older verdicts
     for name in v["order"]:
@@ -145,7 +150,7 @@ def perplexity_table(v: dict[str, Any]) -> TableData | None:
             t.tags.append("reference")
             continue
         check = checks.get(name) or {}
-        t.rows.append([*own, cells.value_text(bar, check.get("value")), cells.interval_text(check),
+        t.rows.append([*own, *cells.figure(check),
                        cells.noise_text(check.get("noise", row.get("noise"))), _outcome(check or None)])
         t.tags.append(check.get("outcome"))
     limit = (v.get("bars") or {}).get(bar)
@@ -163,7 +168,7 @@ def agreement_table(v: dict[str, Any]) -> TableData | None:
     if not probe:
         return None
     t = TableData("Agreement with the reference (top-k prompt logprobs)",
-                  ["server", "KL mean", "KL p99", "top-1 agreement", "checks"])
+                  ["server", "KL mean", "KL p99", "top-1 agreement", "checks"], prose=("checks",))
     for name in v["order"]:
         row = probe["servers"].get(name)
         if row is None:
@@ -216,7 +221,7 @@ def tasks_table(v: dict[str, Any]) -> TableData | None:
         return None
     t = TableData("Task accuracy (lm-eval)", ["task", "server", "metric", "score", "scored", "cut at the cap",
                                               "drop [95% interval]", "McNemar p", "outcome",
-                                              "rise in answers cut [95% interval]", "outcome"])
+                                              "rise in answers cut [95% interval]", "outcome"], keys=2)
     for task, row in sorted((probe.get("tasks") or {}).items()):
         for name in v["order"]:
             own = (row.get("servers") or {}).get(name)
@@ -248,7 +253,8 @@ def power_table(v: dict[str, Any]) -> TableData | None:
     passes and fails with power 0.8, and for an inconclusive check what would settle it
     (kvprobe.stats.power). A rules/2 check's figures go in the columns they fit, the rest is '-'."""
     t = TableData("Power: what this run can pass and fail", ["candidate", "check", "n", "se", "passes at most",
-                                                             "fails at least", "limit", "outcome", "to settle it"])
+                                                             "fails at least", "limit", "outcome", "to settle it"],
+                  keys=2, prose=("to settle it",))
     blocks = []
     for name, d in v["decisions"].items():
         for c in d.get("checks") or []:
@@ -306,7 +312,7 @@ def load_table(v: dict[str, Any]) -> TableData | None:
     spec = spec_decode.any_recorded(r for by_case in groups.values() for rows in by_case.values() for r in rows)
     t = TableData("Load (mean over repeated runs)", ["server", "case", "runs", "requests", "errors", "output tok/s",
                                                        *(["spec accept"] if spec else []), "TTFT p99", "ITL p99",
-                                                       "E2E p99", "KV usage max", "preemptions"])
+                                                       "E2E p99", "KV usage max", "preemptions"], keys=2)
     for name, by_case in groups.items():
         for key in sorted(by_case, key=natural_order):
             rows = by_case[key]
@@ -349,7 +355,7 @@ def speed_table(v: dict[str, Any]) -> TableData | None:
     if not (v.get("probes") or {}).get("load"):
         return None
     t = TableData("Speed against the reference", ["candidate", "case", "output tok/s", "TTFT p99", "ITL p99",
-                                                  "E2E p99"])
+                                                  "E2E p99"], keys=2)
     for name in v["decisions"]:
         mine = [c for c in _checks_of(v, name) if c.get("probe") == "load"]
         for case in dict.fromkeys(c.get("case") for c in mine):
@@ -398,7 +404,7 @@ def fill_table(v: dict[str, Any]) -> TableData | None:
     if not probe:
         return None
     t = TableData("Fill: new tokens served against the claimed KV capacity",
-                  ["server", "claimed tokens", "served tokens", "of claimed", "requests", "result"])
+                  ["server", "claimed tokens", "served tokens", "of claimed", "requests", "result"], prose=("result",))
     for name in v["order"]:
         row = (probe.get("servers") or {}).get(name)
         if not row:
@@ -415,12 +421,11 @@ def fill_table(v: dict[str, Any]) -> TableData | None:
 def checks_table(v: dict[str, Any]) -> TableData:
     """Every check of every candidate, in the verdict's own words (rules/3 checks by their stable id)."""
     t = TableData("Every check", ["candidate", "check", "bar", "case", "value", "interval", "limit", "outcome",
-                                  "detail"])
+                                  "detail"], keys=2, prose=("detail",))
     for name, d in v["decisions"].items():
         for c in d.get("checks") or []:
-            t.rows.append([name, c.get("id") or cells.label(c), c["bar"], c.get("case") or "-",
-                           cells.value_text(c["bar"], c.get("value")), cells.interval_text(c), cells.limit_text(c),
-                           c["outcome"], c["text"]])
+            t.rows.append([name, c.get("id") or cells.label(c), c["bar"], c.get("case") or "-", *cells.figure(c),
+                           cells.limit_text(c), c["outcome"], c["text"]])
             t.tags.append(c["outcome"])
     return t
 
@@ -439,7 +444,7 @@ def left_out_table(v: dict[str, Any]) -> TableData | None:
     if not rows:
         return None
     return TableData("Left out", ["server", "why"], [[str(r.get("name")), str(r.get("reason"))] for r in rows],
-                     note="not started, so not measured: no decision is made for these servers")
+                     note="not started, so not measured: no decision is made for these servers", prose=("why",))
 
 
 def all_tables(v: dict[str, Any]) -> list[TableData]:

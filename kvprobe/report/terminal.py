@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import RenderableType
-from rich.markup import escape
 from rich.table import Table
 
 from kvprobe.server.inventory import Inventory
@@ -43,19 +42,15 @@ OUTCOME_STYLE = {"adopt": "green", "pass": "green", "reject": "red", "fail": "re
           "not judged": "yellow", "not measured": "dim"}
 
 
-def rich_table(data: Any) -> Table:
-    """A kvprobe.report.tables.TableData as a rich table; the decision/outcome cell is coloured."""
-    table = Table(title=data.title, header_style="bold", caption=data.note, caption_justify="left")
-    for header in data.headers:
-        table.add_column(header, overflow="fold")
-    for row, tag in zip(data.rows, data.tags or [None] * len(data.rows), strict=False):
-        style = OUTCOME_STYLE.get(tag or "")
-        # escaped: cells quote servers (errors, versions), and "[/x]" in one would be a markup error
-        table.add_row(*[f"[{style}]{escape(c)}[/{style}]" if style and c == tag else escape(c) for c in row])
-    return table
+def rich_table(data: Any) -> RenderableType:
+    """A kvprobe.report.tables.TableData for the terminal, laid out in the width it is printed at without
+    cutting a number (kvprobe.report.text_table); the decision/outcome cell is coloured."""
+    from kvprobe.report.text_table import FittedTable
+
+    return FittedTable(data, OUTCOME_STYLE)
 
 
-def verdict_tables(verdict: dict[str, Any]) -> list[Table]:
+def verdict_tables(verdict: dict[str, Any]) -> list[RenderableType]:
     """Decisions first, then the evidence: servers, quality, needle, load (every check is in the files)."""
     from kvprobe.report.tables import all_tables
 

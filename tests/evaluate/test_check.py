@@ -38,8 +38,9 @@ def write(tmp_path: Path, text: str, name: str = "servers.toml") -> Path:
     return path
 
 
-def check(*args: str) -> Result:
-    return CliRunner().invoke(main, ["check", *args], catch_exceptions=False)
+def check(*args: str, columns: int = 1000) -> Result:
+    """A plan line per line (wide enough that none wraps), unless `columns` says the width."""
+    return CliRunner(env={"COLUMNS": str(columns)}).invoke(main, ["check", *args], catch_exceptions=False)
 
 
 def error_lines(result: Result) -> list[str]:
@@ -69,6 +70,25 @@ def test_a_good_config_prints_the_plan_and_exits_0(tmp_path: Path) -> None:
     assert "bars: perplexity_delta_max 0.01" in out
     assert "estimate (rough):" in out and "assumed: no server was measured" in out
     assert SECRET not in result.output
+
+
+@pytest.mark.parametrize("columns", [80, 100])
+def test_the_plan_takes_the_terminal_width(tmp_path: Path, columns: int) -> None:
+    """COLUMNS is the plan's width: each line wraps between words, its continuation indented under it, and says
+    word for word what the unwrapped plan says; the servers' aligned columns stay aligned."""
+    deep = tmp_path / "a-directory-whose-name-alone-makes-the-path-wider-than-eighty-columns"
+    deep.mkdir()
+    servers = write(deep, SERVERS)
+    wide = check(str(servers), "--max-model-len", "8192").stdout.splitlines()
+    narrow = check(str(servers), "--max-model-len", "8192", columns=columns).stdout.splitlines()
+    assert max(len(line) for line in wide) > 200  # the estimate line, unwrapped
+    long_words = [line for line in narrow if len(line) > columns]
+    assert all(len(line.split()) == 1 for line in long_words), long_words  # only a path wider than the line
+    assert " ".join(narrow).split() == " ".join(wide).split()
+    assert [line for line in narrow if line.startswith("  auto ")] == [line for line in wide
+                                                                       if line.startswith("  auto ")]
+    estimate = next(i for i, line in enumerate(narrow) if line.startswith("estimate (rough): "))
+    assert narrow[estimate + 1].startswith("    ") and not narrow[estimate + 1].startswith("     ")
 
 
 def test_the_plan_as_json(tmp_path: Path) -> None:

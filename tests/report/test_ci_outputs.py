@@ -3,17 +3,29 @@ junitparser (a well-kept parser), the summary with markdown-it (the CommonMark p
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
+from typing import Any
 
 from junitparser import Failure, JUnitXml
 from markdown_it import MarkdownIt
+from rich.console import Console
 from verdict_inputs import Measurements, perplexity_rows
 
 from kvprobe.errors import CiOutputError
+from kvprobe.report import cells
 from kvprobe.report.ci import CiOutputs
 from kvprobe.report.junit import junit_xml, no_verdict_xml
 from kvprobe.report.step_summary import step_summary
+from kvprobe.report.summary import print_summary
 from kvprobe.verdict.build import build_verdict
+
+
+def summary_text(v: dict[str, Any]) -> str:
+    """The terminal summary as one line of words (wide enough that nothing wraps)."""
+    buf = io.StringIO()
+    print_summary(Console(file=buf, width=1000, color_system=None), v)
+    return " ".join(buf.getvalue().split())
 
 
 def parsed(data: bytes, tmp_path: Path) -> JUnitXml:
@@ -93,14 +105,19 @@ def test_the_summary_renders_as_markdown_with_every_bar(tmp_path: Path) -> None:
     tokens = MarkdownIt("commonmark").enable("table").parse(text)
     assert [t.type for t in tokens].count("table_open") == 2
     assert "| cand | **reject** | 2.00x |" in text
-    # each check by metric and case, in its bar's units: percentages for perplexity and speed,
-    # fractions with 3 decimals for the answers and the answers cut at the cap
+    # each check by metric and case in the unit the terminal summary uses: percentages for perplexity,
+    # fractions with 3 decimals for the answers and the answers cut at the cap, speed as the
+    # candidate/reference ratio (its bar stays the bar as declared)
     assert "| perplexity delta | +19.01% | [+17.85%, +20.18%] | 1.00% | fail |" in text
     assert "| needle recall drop | +0.000 | [-0.088, +0.088] | 0.100 | pass |" in text
     assert "| needle answers cut at the cap | +0.000 | [-0.088, +0.088] | 0.100 | pass |" in text
     # paired block by block, the runs' shared ups and downs cancel: a narrow interval from 4 blocks
-    assert "| throughput drop, sweep mean of 1 case | -4.00% | [-4.09%, -3.91%] | 5.00% | pass |" in text
-    assert "| guardrail: TTFT p99 rise at agents=4 | -3.00% | [-3.07%, -2.93%] | 20.00% | pass |" in text
+    assert "| throughput drop, sweep mean of 1 case | 1.04x | [1.04, 1.04] | 5.00% | pass |" in text
+    assert "| guardrail: TTFT p99 rise at agents=4 | 0.97x | [0.97, 0.97] | 20.00% | pass |" in text
+    said = summary_text(v)
+    for check in v["decisions"]["cand"]["checks"]:  # every check the summary names reads the same there
+        if check.get("gating", True):
+            assert f"{cells.label(check)} {cells.estimate_text(check)} (bar {cells.limit_text(check)})" in said
     assert text.rstrip().endswith("signed by `SHA256:abc` (`verdict.json.sig`) · exit code 1")
 
 
