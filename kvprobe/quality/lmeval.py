@@ -308,7 +308,7 @@ def _no_git() -> Iterator[None]:
 
 
 def simple_evaluate(**kwargs: Any) -> dict[str, Any]:
-    """lm_eval.simple_evaluate, with nothing of lm-eval's own on the terminal but what kvprobe lets through."""
+    """lm_eval.simple_evaluate without its git subprocess (`_no_git`); its log is shut by `quiet()`."""
     import lm_eval
 
     with _no_git():
