@@ -53,6 +53,27 @@ def test_quickstart_servers_toml_is_valid(monkeypatch: pytest.MonkeyPatch) -> No
     assert config.reference.name and config.candidates, "a reference and at least one candidate"
 
 
+def test_kvprobe_check_passes_the_quickstart_servers_toml_with_its_optional_key_unset(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The quickstart calls api_key_env optional: `kvprobe check` on it, with the variable unset, exits 0 and warns
+    once, naming the variable (a server without auth is fine; one that needs a key answers 401 naming it)."""
+    from click.testing import CliRunner
+
+    from kvprobe.cli import main
+
+    text = _blocks(_section(README.read_text(), "Quickstart"), "toml")[0]
+    assert re.search(r'^api_key_env = "KVPROBE_API_KEY" +# optional', text, re.M), "the README says it is optional"
+    monkeypatch.delenv("KVPROBE_API_KEY", raising=False)
+    path = tmp_path / "servers.toml"
+    path.write_text(text)
+    result = CliRunner().invoke(main, ["check", str(path)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(f"{path}: valid, with 1 warning(s)")
+    assert result.stderr.splitlines() == [
+        f"warning: {path}: server[0].api_key_env: KVPROBE_API_KEY is not set, so bf16 and fp8 are sent no API key: "
+        "export it if they need one"]
+
+
 def test_full_servers_toml_examples_are_valid(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every whole servers.toml in docs/servers-toml.md (a block with a [[server]] table) parses."""
     blocks = [b for b in _blocks((ROOT / "docs" / "servers-toml.md").read_text(), "toml") if "[[server]]" in b]
