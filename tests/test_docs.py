@@ -53,6 +53,50 @@ def test_quickstart_servers_toml_is_valid(monkeypatch: pytest.MonkeyPatch) -> No
     assert config.reference.name and config.candidates, "a reference and at least one candidate"
 
 
+def test_kvprobe_check_passes_the_quickstart_servers_toml_with_its_optional_key_unset(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The quickstart calls api_key_env optional: `kvprobe check` on it, with the variable unset, exits 0 and warns
+    once, naming the variable (a server without auth is fine; one that needs a key answers 401 naming it)."""
+    from click.testing import CliRunner
+
+    from kvprobe.cli import main
+
+    text = _blocks(_section(README.read_text(), "Quickstart"), "toml")[0]
+    assert re.search(r'^api_key_env = "KVPROBE_API_KEY" +# optional', text, re.M), "the README says it is optional"
+    monkeypatch.delenv("KVPROBE_API_KEY", raising=False)
+    path = tmp_path / "servers.toml"
+    path.write_text(text)
+    result = CliRunner().invoke(main, ["check", str(path)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(f"{path}: valid, with 1 warning(s)")
+    assert result.stderr.splitlines() == [
+        f"warning: {path}: server[0].api_key_env: KVPROBE_API_KEY is not set, so bf16 and fp8 are sent no API key: "
+        "export it if they need one"]
+
+
+def test_the_verdict_example_is_a_current_rules_run_as_kvprobe_show_prints_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """README section 5's example is the summary `kvprobe show` prints for the recorded run it names, at the width
+    it names, under today's rules: a change to the summary, the run or the rules shows up here."""
+    import orjson
+    from click.testing import CliRunner
+
+    from kvprobe.cli import main
+    from kvprobe.verdict.build import RULES
+
+    section = _section(README.read_text(), "Quickstart")
+    section = section[section.index("### 5. Read the verdict"):section.index("### 6.")]
+    run = ROOT / re.search(r"`(tests/fixtures/runs/[\w.-]+)/`", section).group(1)
+    columns = re.search(r"`COLUMNS=(\d+) kvprobe show`", section).group(1)
+    assert orjson.loads((run / "verdict.json").read_bytes())["rules"] == RULES
+    (example,) = [b for b in _blocks(section, "") if b.startswith("reference ")]
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))  # no allowed_signers of the user's decides the first line
+    shown = CliRunner(env={"COLUMNS": columns}).invoke(main, ["show", str(run)])
+    first, _, summary = shown.stdout.partition("\n")
+    assert first.startswith(("signature verified", "NOT verified"))
+    assert example == "".join(line.rstrip() + "\n" for line in summary.splitlines())
+
+
 def test_full_servers_toml_examples_are_valid(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every whole servers.toml in docs/servers-toml.md (a block with a [[server]] table) parses."""
     blocks = [b for b in _blocks((ROOT / "docs" / "servers-toml.md").read_text(), "toml") if "[[server]]" in b]

@@ -86,6 +86,11 @@ def memmap(config: Path, max_model_len: int | None, kv_dtypes: str, kv_memory: s
         _fail([f"--kv-memory: {exc.message}"])
     except ConfigError as exc:
         _fail(exc.problems)
+    # Checked here, not in build(): eval sizes the map at a server's own max_model_len, which a server started
+    # with VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 may set past the model's.
+    if max_model_len is not None and (longest := mm.model.longest()) is not None and max_model_len > longest[0]:
+        _fail([f"--max-model-len {max_model_len} is past {mm.model.name}'s {longest[0]:,} tokens ({longest[1]} in "
+               f"{config}): vLLM refuses a longer one; give --max-model-len {longest[0]} or less"])
     if as_json:
         click.echo(orjson.dumps({"platform": settings.platform, **mm.to_json(), "lever": lv.to_json()},
                                 option=orjson.OPT_INDENT_2).decode())
@@ -95,19 +100,19 @@ def memmap(config: Path, max_model_len: int | None, kv_dtypes: str, kv_memory: s
 
 
 def _print_tables(mm: MemoryMap, lv: Lever) -> None:
-    """The prediction as tables and sentences (notes on stderr)."""
-    from kvprobe.report.memmap_table import dtype_table, lever_table, summary_table
+    """The answer first, then the tables behind it (notes, the model's assumptions, on stderr between)."""
+    from kvprobe.report.memmap_table import answer_lines, dtype_table, lever_table, summary_table
 
+    for line in answer_lines(mm, lv):
+        out_console.print(line, highlight=False, markup=False)
+    for note in mm.model.notes:
+        err_console.print(f"[yellow]note:[/yellow] {note}", highlight=False)
+    out_console.print()
     out_console.print(summary_table(mm))
     for dtype in mm.plans:
         out_console.print(dtype_table(mm, dtype))
     if lv.ssm_dtypes:
         out_console.print(lever_table(lv))
-    for note in mm.model.notes:
-        err_console.print(f"[yellow]note:[/yellow] {note}", highlight=False)
-    out_console.print(mm.conclusion(), highlight=False)
-    if lv.ssm_dtypes:
-        out_console.print(f"[bold]lever:[/bold] {lv.sentence()}", highlight=False)
 
 
 def _write_charts(mm: MemoryMap, lv: Lever, chart: Path | None, lever_chart: Path | None) -> None:

@@ -68,6 +68,18 @@ class ModelShape:
     max_position_embeddings: int | None
     ssm_dtype_default: str = "auto"  # the model's own --mamba-ssm-cache-dtype default
     notes: list[str] = field(default_factory=list)
+    rope_factor: float = 1.0  # the RoPE scaling factor vLLM stretches max_position_embeddings by (1: none)
+
+    def longest(self) -> tuple[int, str] | None:
+        """The longest max_model_len vLLM serves this model at (without VLLM_ALLOW_LONG_MAX_MODEL_LEN), and
+        where it comes from in config.json; None when the config does not say."""
+        mpe = self.max_position_embeddings
+        if not isinstance(mpe, int) or isinstance(mpe, bool) or mpe <= 0:
+            return None
+        if self.rope_factor == 1.0:
+            return mpe, f"max_position_embeddings {mpe:,}"
+        return int(mpe * self.rope_factor), \
+            f"max_position_embeddings {mpe:,} x rope scaling factor {self.rope_factor:g}"
 
     def count(self, kind: str) -> int:
         if kind in NO_KV_KINDS:
@@ -172,7 +184,29 @@ def model_shape(data: dict[str, Any], source: str = "config.json", name: str | N
         ssm_default = str(cfg.get("mamba_ssm_dtype", default="auto"))
     return ModelShape(name=name, model_type=model_type, dtype="float16" if dtype == "half" else dtype,
                       layers=layers, no_kv=no_kv, max_position_embeddings=cfg.get("max_position_embeddings"),
-                      ssm_dtype_default=ssm_default, notes=notes)
+                      ssm_dtype_default=ssm_default, notes=notes, rope_factor=_rope_factor(cfg, model_type))
+
+
+# RoPE types whose max_position_embeddings is already the scaled length: vLLM (_get_and_verify_max_len, 0.32)
+# applies their factor no second time. Any other type's factor stretches the length vLLM serves.
+_ROPE_PRESCALED = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+
+
+def _rope_factor(cfg: _Cfg, model_type: str) -> float:
+    """The factor vLLM multiplies max_position_embeddings by: rope_scaling (or transformers' newer
+    rope_parameters, one dict or one per layer type), 1 for Gemma 3, whose length is already scaled."""
+    params = cfg.get("rope_scaling", "rope_parameters")
+    if "gemma3" in model_type or not isinstance(params, dict):
+        return 1.0
+    entries = [params] if {"rope_type", "type", "factor"} & set(params) else \
+        [v for v in params.values() if isinstance(v, dict)]
+    factor = 1.0
+    for rp in entries:
+        kind = rp.get("rope_type") or rp.get("type") or "default"
+        value = rp.get("factor")
+        if kind not in _ROPE_PRESCALED and isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+            factor = float(value)
+    return factor
 
 
 def _ffn_kind(cfg: _Cfg, index: int) -> str:

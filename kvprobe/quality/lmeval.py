@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -272,16 +273,57 @@ def quiet() -> Iterator[None]:
         logger.setLevel(level)
 
 
+_no_git_lock = threading.Lock()
+_no_git_depth = 0  # threads inside simple_evaluate
+_lm_evals_git_hash: Any = None  # lm-eval's own lookup, while it is swapped out
+
+
+def _no_git_hash() -> None:
+    """Stands in for lm-eval's get_git_commit_hash, which runs `git describe` in the process's working directory
+    to record the commit of whoever calls it. Outside a git checkout (the project copied to a GPU host without
+    .git) git prints `fatal: not a git repository` to the terminal, once per run of a task; the hash names the
+    working directory, not anything measured, and kvprobe keeps none of lm-eval's run metadata."""
+    return None
+
+
+@contextlib.contextmanager
+def _no_git() -> Iterator[None]:
+    """lm-eval without its git subprocess, for as long as any thread is inside simple_evaluate (servers are
+    evaluated in threads at once: the first in swaps the lookup out, the last out puts lm-eval's back)."""
+    global _no_git_depth, _lm_evals_git_hash
+    from lm_eval import evaluator
+
+    with _no_git_lock:
+        if _no_git_depth == 0:
+            _lm_evals_git_hash = evaluator.get_git_commit_hash
+            evaluator.get_git_commit_hash = _no_git_hash
+        _no_git_depth += 1
+    try:
+        yield
+    finally:
+        with _no_git_lock:
+            _no_git_depth -= 1
+            if _no_git_depth == 0:
+                evaluator.get_git_commit_hash = _lm_evals_git_hash
+
+
+def simple_evaluate(**kwargs: Any) -> dict[str, Any]:
+    """lm_eval.simple_evaluate without its git subprocess (`_no_git`); its log is shut by `quiet()`."""
+    import lm_eval
+
+    with _no_git():
+        return lm_eval.simple_evaluate(**kwargs)
+
+
 def evaluate(target: Target, task: str, limit: int | None, on_window: WindowCallback | None = None,
              tasks_dir: Path = TASKS_DIR) -> EvalResult:
     """One full lm-eval run of `task` on one server, with per-document loglikelihoods."""
-    import lm_eval
     from lm_eval.api.task import ConfigurableTask
 
     t0 = time.perf_counter()
     lm = make_model(target, on_window)
-    out = lm_eval.simple_evaluate(model=lm, tasks=[task], task_manager=_task_manager(tasks_dir), limit=limit,
-                                  log_samples=True, bootstrap_iters=0)
+    out = simple_evaluate(model=lm, tasks=[task], task_manager=_task_manager(tasks_dir), limit=limit,
+                          log_samples=True, bootstrap_iters=0)
     seconds = time.perf_counter() - t0
     docs = []
     for sample in sorted(out["samples"][task], key=lambda s: s["doc_id"]):

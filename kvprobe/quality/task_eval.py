@@ -202,8 +202,6 @@ def evaluate_task(target: lmeval.Target, info: TaskInfo, limit: int | None, max_
                   on_answer: Callable[[], None] | None = None) -> tuple[list[SampleRow], float]:
     """One lm-eval run of one task on one server: each document's score (the chosen metric) and, for
     a chat task, whether the cap cut its answer; and the seconds it took."""
-    import lm_eval
-
     t0 = time.perf_counter()
     if info.chat:
         lm = make_chat_model(target, on_answer)
@@ -213,8 +211,8 @@ def evaluate_task(target: lmeval.Target, info: TaskInfo, limit: int | None, max_
         lm = lmeval.make_model(target)
         extra = {}
     with lmeval.quiet():
-        out = lm_eval.simple_evaluate(model=lm, tasks=[info.name], task_manager=task_manager(tasks_dir, registry),
-                                      limit=limit, log_samples=True, bootstrap_iters=0, **extra)
+        out = lmeval.simple_evaluate(model=lm, tasks=[info.name], task_manager=task_manager(tasks_dir, registry),
+                                     limit=limit, log_samples=True, bootstrap_iters=0, **extra)
     rows = []
     for sample in sorted(out["samples"][info.name], key=lambda s: s["doc_id"]):
         doc = int(sample["doc_id"])

@@ -1,4 +1,5 @@
-"""Rich tables for `kvprobe memmap`: one per KV dtype, a summary across dtypes, and the lever grid."""
+"""What `kvprobe memmap` prints: its answer first (KV tokens per dtype, what binds the pool, the lever), then
+the tables behind it: a summary across dtypes, one per KV dtype, and the lever grid."""
 
 from __future__ import annotations
 
@@ -15,6 +16,19 @@ def human_bytes(n: float) -> str:
             return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.2f} {unit}"
         n /= 1024
     return f"{n:,.2f} GiB"
+
+
+def answer_lines(mm: MemoryMap, lv: Lever) -> list[str]:
+    """The answer, before any table: each dtype's predicted KV tokens, what binds each sequence's bytes and how
+    far a KV dtype can move capacity, and for a hybrid which knob is the lever."""
+    tokens = " · ".join(f"{d} {p.kv_cache_tokens:,} KV tokens" + (" (reference)" if d == mm.reference
+                                                                   else f" ({mm.ratio(d):.2f}x)")
+                        for d, p in mm.plans.items())
+    out = [f"{mm.model.name} at max_model_len {mm.max_model_len:,}, {human_bytes(mm.settings.kv_memory_bytes)} KV "
+           f"memory ({mm.settings.platform}): {tokens}", mm.conclusion()]
+    if lv.ssm_dtypes:
+        out.append(f"lever: {lv.sentence()}")
+    return out
 
 
 def dtype_table(mm: MemoryMap, dtype: str) -> Table:

@@ -2,7 +2,8 @@
 load throughput per case, latency CDFs per server, needle heatmaps.
 
 matplotlib's object API on an Agg canvas (no pyplot): no global backend or figure state, safe in a
-long-running process. Each function returns None when its data is absent, and the report says so.
+long-running process. Each function returns None when its data is absent, and `absent` says why, from
+the run itself: a probe that did not run, one that ran and left nothing to draw, a log that is not there.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ SERIES = ["#1f77b4", "#8c564b", "#17becf", "#e377c2", "#bcbd22", "#7f7f7f", "#94
 # Per-request latencies in seconds, as the load probe records them (events of kind load_request,
 # fields ttft/e2e; the *_s spellings are accepted too).
 LATENCY_FIELDS = {"ttft": "time to first token", "e2e": "end-to-end latency"}
+
+
 def _figure(width: float, height: float) -> Figure:
     fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
@@ -219,7 +222,7 @@ def needle_heatmaps(v: dict[str, Any], run: RunDir | None, out_dir: Path) -> lis
     """The heatmaps the needle probe drew (needle.json "heatmaps": title -> file); else drawn here with
     its module (kvprobe.report.heatmap) from needle.json's cases. A string says why there is none."""
     if run is None or not run.has("needle.json"):
-        return "needle probe not run"
+        return _not_run(v, "needle") or "no needle.json in the run directory"
     data = orjson.loads((run.path / "needle.json").read_bytes())
     listed = data.get("heatmaps") if isinstance(data.get("heatmaps"), dict) else {}
     found = [(f"needle: {title}", run.path / rel) for title, rel in listed.items()
@@ -242,3 +245,41 @@ def needle_heatmaps(v: dict[str, Any], run: RunDir | None, out_dir: Path) -> lis
                         heatmap.paired_heatmap(cases, v["reference"], name,
                                                out_dir / f"needle-{name}-vs-{v['reference']}.png")))
     return out
+
+
+# -- why a plot is absent ------------------------------------------------------------------------
+
+def _not_run(v: dict[str, Any], probe: str) -> str | None:
+    """Why `probe` has no numbers, in the words of the verdict's own status for it; None when it ran."""
+    status = (v.get("probes_status") or {}).get(probe)
+    if status == "ran" or (status is None and (v.get("probes") or {}).get(probe)):
+        return None
+    return f"{probe} probe {status or 'not run'}"
+
+
+def _perplexity_absent(v: dict[str, Any]) -> str:
+    unjudged = [c["text"] for name in v["order"] if name != v["reference"]
+                for c in (v["decisions"].get(name) or {}).get("checks", []) if c["bar"] == "perplexity_delta_max"]
+    if not unjudged:
+        return "no candidate has a perplexity check"
+    return "no candidate's perplexity delta has a value: " + "; ".join(unjudged)
+
+
+def _latency_absent(run: RunDir | None) -> str:
+    log = None if run is None else run.events_file()
+    if log is None:
+        return "no events log (events.jsonl or events.jsonl.gz) in the run directory: the load probe's " \
+               "per-request latencies are kept there"
+    return f"{log.name} holds no latency of a request the load probe finished"
+
+
+def absent(key: str, v: dict[str, Any], run: RunDir | None) -> str:
+    """Why plot `key` (capacity, perplexity, load, latency) could not be drawn for this verdict and run."""
+    probe = {"latency": "load"}.get(key, key)
+    if (why := _not_run(v, probe)) is not None:
+        return why
+    if key == "perplexity":
+        return _perplexity_absent(v)
+    if key == "latency":
+        return _latency_absent(run)
+    return {"capacity": "no server has a KV capacity", "load": "load.json has no throughput per case"}[key]

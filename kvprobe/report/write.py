@@ -24,18 +24,18 @@ def render_reports(run: RunDir, verdict: dict[str, Any], standing: Standing) -> 
     """`standing`: whether the verdict can be trusted, said first in both reports (kvprobe.report.standing)."""
     out_dir = mkdir(run.path / "plots")
     drawn: list[dict[str, Any]] = []
-    for key, title, make, absent in (
-        ("capacity", "KV cache capacity per server", lambda: plots.capacity_chart(verdict), "no capacity numbers"),
+    for key, title, make in (
+        ("capacity", "KV cache capacity per server", lambda: plots.capacity_chart(verdict)),
         ("perplexity", "Perplexity delta vs the reference, with 95% intervals, against the bar",
-         lambda: plots.perplexity_chart(verdict), "perplexity probe not run"),
-        ("load", "Throughput per load case", lambda: plots.load_chart(verdict), "load probe not run"),
-        ("latency", "Latency CDFs per server", lambda: plots.latency_cdfs(verdict, run),
-         "no per-request latencies recorded (load probe not run)"),
+         lambda: plots.perplexity_chart(verdict)),
+        ("load", "Throughput per load case", lambda: plots.load_chart(verdict)),
+        ("latency", "Latency CDFs per server", lambda: plots.latency_cdfs(verdict, run)),
     ):
         data = make()
         path = None
         if data is not None:
             path = run.write_bytes(f"plots/{key}.png", data)
+        absent = None if data is not None else plots.absent(key, verdict, run)
         drawn.append({"key": key, "title": title, "png": data, "path": path, "absent": absent})
     heatmaps = plots.needle_heatmaps(verdict, run, out_dir)
     if isinstance(heatmaps, str):

@@ -3,6 +3,7 @@
 Layout of runs/<UTC time>-<id>/:
   run.json               config (no secrets), kvprobe version, start time, probes asked for
   events.jsonl           one JSON object per measurement, appended and fsync'ed as it happens
+                         (events.jsonl.gz instead in a run packed for keeping: read, never appended to)
   inventory/<name>.json  per-server facts; inventory/<name>.metrics.txt the raw /metrics
   <probe>.json           each probe's summary, written when the probe finishes
 
@@ -11,6 +12,7 @@ Every write goes through kvprobe.disk: a disk that refuses one is a DiskError na
 
 from __future__ import annotations
 
+import gzip
 import secrets
 import threading
 from collections.abc import Iterator
@@ -22,6 +24,10 @@ import orjson
 
 from kvprobe.disk import append_line, write_atomic
 from kvprobe.errors import ConfigError
+
+EVENTS = "events.jsonl"
+# A finished run kept as evidence may hold its log gzip'ed (tests/fixtures/runs): the same lines.
+PACKED_EVENTS = "events.jsonl.gz"
 
 _DUMP = orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
 
@@ -92,24 +98,41 @@ class RunDir:
     def _append(self, records: list[dict[str, Any]]) -> None:
         if not records:
             return
+        if self.events_file() == self.path / PACKED_EVENTS:
+            # A new events.jsonl beside the packed log would hide the packed events from every reader.
+            raise ConfigError([f"{self.path / PACKED_EVENTS}: this run's events are packed; unpack them "
+                               f"(gunzip {self.path / PACKED_EVENTS}) before adding to the run"])
         opts = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
         data = b"".join(orjson.dumps(r, option=opts) + b"\n" for r in records)
         with self._lock:
-            append_line(self.path / "events.jsonl", data)
+            append_line(self.path / EVENTS, data)
+
+    def events_file(self) -> Path | None:
+        """The events log: events.jsonl (the live one) when there is one, else a packed events.jsonl.gz."""
+        for name in (EVENTS, PACKED_EVENTS):
+            if (path := self.path / name).is_file():
+                return path
+        return None
 
     def events(self, kind: str | None = None, **match: Any) -> Iterator[dict[str, Any]]:
         """Recorded events, oldest first; a torn line (a crash mid-write, a disk that filled up before
-        the append was cut back) is skipped."""
-        path = self.path / "events.jsonl"
-        if not path.exists():
+        the append was cut back) is skipped, and so is a packed log's cut-off end."""
+        path = self.events_file()
+        if path is None:
             return
-        with open(path, "rb") as fh:
-            for line in fh:
-                try:
-                    record = orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    continue
-                if kind is not None and record.get("kind") != kind:
-                    continue
-                if all(record.get(k) == v for k, v in match.items()):
-                    yield record
+        opener = gzip.open if path.name == PACKED_EVENTS else open
+        try:
+            with opener(path, "rb") as fh:
+                for line in fh:
+                    try:
+                        record = orjson.loads(line)
+                    except orjson.JSONDecodeError:
+                        continue
+                    if kind is not None and record.get("kind") != kind:
+                        continue
+                    if all(record.get(k) == v for k, v in match.items()):
+                        yield record
+        except EOFError:  # a packed log cut short: the events before the cut stand
+            return
+        except gzip.BadGzipFile as exc:
+            raise ConfigError([f"{path}: not a gzip file ({exc}): unpack or replace it"]) from None

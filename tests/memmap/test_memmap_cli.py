@@ -156,3 +156,65 @@ def test_tables_fold_rather_than_cut_a_number(columns: str) -> None:
     assert result.exit_code == 0, result.output
     assert "…" not in result.stdout and all(len(line) <= int(columns) for line in result.stdout.splitlines())
     assert "599,186" in result.stdout and "838,860" in result.stdout
+
+
+@pytest.mark.parametrize("config", [HYBRID, LLAMA], ids=["hybrid", "dense"])
+def test_the_answer_comes_before_the_tables(config: Path) -> None:
+    """KV tokens per dtype, what binds the pool and (a hybrid) the lever are the first lines; every table after."""
+    code, out, _ = run(str(config), "--max-model-len", "512" if config == HYBRID else "8192")
+    assert code == 0
+    answer, _, details = out.partition("\n\n")
+    lines = answer.splitlines()
+    name = "hybrid-nemotronh" if config == HYBRID else "configs"
+    expected: list[str]
+    if config == HYBRID:
+        expected = [
+            f"{name} at max_model_len 512, 1.00 GiB KV memory (cpu): auto 80,659 KV tokens (reference) · fp8 80,659 "
+            "KV tokens (1.00x)",
+            "Mamba2 state is 92% of each sequence's bytes at 512 tokens: fp8 changes capacity by 1.00x, and no KV "
+            "dtype can raise capacity by more than 1.22x.",
+            "lever: At 512 tokens with prefix caching on, KV dtype changes capacity by 1.00x (fp8) and the Mamba SSM "
+            "state dtype is the lever: float16 is predicted to give 1.86x (`--mamba-ssm-cache-dtype float16`), as "
+            "Mamba2 state is 92% of each sequence's bytes."]
+    else:  # a dense model: no lever line
+        expected = [
+            f"{name} at max_model_len 8,192, 1.00 GiB KV memory (cpu): auto 8,192 KV tokens (reference) · fp8 16,384 "
+            "KV tokens (2.00x)",
+            "Full-attention KV is all of each sequence's bytes at 8,192 tokens: KV dtype is the whole lever (fp8 gives "
+            "2.00x the auto capacity)."]
+    assert " ".join(answer.split()) == " ".join(expected)  # the console folds a long sentence; the words stand
+    assert all(any(line.startswith(e[:40]) for line in lines) for e in expected)  # each on a line of its own
+    assert not any(c in answer for c in "┏┃│")  # no table in the answer
+    assert details.lstrip().startswith("Predicted KV capacity:") and "lever:" not in details
+
+
+def _config(tmp_path: Path, **fields: object) -> Path:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**json.loads(LLAMA.read_text()), **fields}))
+    return path
+
+
+def test_a_length_past_the_models_own_is_refused_naming_the_limit_and_the_fix(tmp_path: Path) -> None:
+    config = _config(tmp_path, max_position_embeddings=8192)
+    for args in ([], ["--json"]):
+        code, out, err = run(str(config), "--max-model-len", "16384", *args)
+        assert (code, out) == (2, "")
+        assert err.splitlines() == [
+            f"error: --max-model-len 16384 is past {config.parent.name}'s 8,192 tokens (max_position_embeddings 8,192 "
+            f"in {config}): vLLM refuses a longer one; give --max-model-len 8192 or less"]
+    assert run(str(config), "--max-model-len", "8192", "--json")[0] == 0  # the model's own length is fine
+
+
+@pytest.mark.parametrize(("rope", "longest"), [
+    ({"rope_type": "linear", "factor": 4.0}, 32768),  # vLLM stretches the length by the factor
+    ({"type": "dynamic", "factor": 2}, 16384),  # the older spelling of the key
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}, 8192),  # already scaled
+    ({"rope_type": "llama3", "factor": 8.0}, 8192),
+])
+def test_a_rope_factor_vllm_applies_moves_the_limit(tmp_path: Path, rope: dict, longest: int) -> None:
+    config = _config(tmp_path, max_position_embeddings=8192, rope_scaling=rope)
+    assert run(str(config), "--max-model-len", str(longest), "--json")[0] == 0
+    code, _, err = run(str(config), "--max-model-len", str(longest + 1), "--json")
+    assert code == 2 and f"give --max-model-len {longest} or less" in err
+    if longest != 8192:
+        assert f"max_position_embeddings 8,192 x rope scaling factor {rope['factor']:g} in" in err

@@ -9,6 +9,9 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -210,3 +213,28 @@ async def test_tokenizer_info_absent_is_none_present_is_a_dict():
 def test_secrets_stay_out_of_the_target_repr():
     target = _target(8192, api_key="sk-very-secret", headers={"X-Team": "a"})
     assert "sk-very-secret" not in repr(target)
+
+
+def test_no_git_noise_outside_a_git_checkout(scorer: FakeScorer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capfd: pytest.CaptureFixture[str]) -> None:
+    """lm-eval runs `git describe` in the working directory for every task it evaluates; outside a checkout (the
+    project copied to a GPU host without .git) git printed `fatal: not a git repository` on the terminal, once
+    per server. The perplexity path, run from such a directory (two servers at once, as the probe runs them),
+    prints none of it, and lm-eval's own lookup is back afterwards."""
+    from lm_eval import evaluator
+
+    if shutil.which("git") is None:
+        pytest.skip("no git on this machine: lm-eval's lookup cannot print anything")
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))  # git looks no higher than tmp_path
+    monkeypatch.chdir(tmp_path)
+    bare = subprocess.run(["git", "describe", "--always"], capture_output=True, text=True)
+    assert "not a git repository" in bare.stderr  # what lm-eval's subprocess would print here
+    own = evaluator.get_git_commit_hash
+    lmeval.prepare()  # as the probe does before its threads: lm-eval's lazy imports, once
+    capfd.readouterr()
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda _: lmeval.evaluate(_target(8192), "kvprobe_ppl", 1), range(2)))
+    err = capfd.readouterr().err
+    assert "fatal: not a git repository" not in err and "not a git repository" not in err
+    assert [len(r.docs) for r in results] == [1, 1]
+    assert evaluator.get_git_commit_hash is own

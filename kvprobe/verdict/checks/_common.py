@@ -49,6 +49,15 @@ def probe_missing(inputs: dict[str, Any], probe: str) -> str:
     return f"{probe} probe {status or 'not run'}"
 
 
+def rules2_row(probe: str, row: dict[str, Any], totals: tuple[str, ...], who: str, figures: str) -> str | None:
+    """Why a server's row that has a result (a number in `totals`) has no `figures` to judge: it was written
+    under rules/2. The probe files gained the per-passage and per-document figures the checks judge with
+    rules/3, so such a probe ran, and saying "no result" or "not run" of it would be untrue. None otherwise."""
+    if not any(isinstance(row.get(k), int | float) and not isinstance(row.get(k), bool) for k in totals):
+        return None
+    return f"{probe} ran under rules/2, whose {probe}.json kept totals: its {figures} for {who} are not recorded"
+
+
 def judged(interval: Interval, limit: float, *, larger_is_worse: bool = True) -> str:
     return bar_outcome(interval, limit, larger_is_worse=larger_is_worse)
 

@@ -23,6 +23,7 @@ from kvprobe.verdict.checks._common import (
     make_check,
     not_measured,
     probe_missing,
+    rules2_row,
     with_power,
 )
 
@@ -266,7 +267,9 @@ def task_checks(inputs: dict[str, Any], cand: str, bars: Any) -> list[dict[str, 
         ref_rows, cand_rows = (servers.get(ref) or {}).get("rows"), (servers.get(cand) or {}).get("rows")
         if ref_rows is None or cand_rows is None:
             who = ref if ref_rows is None else cand
-            out.append(not_measured(check_id, bar, metric, "tasks", f"no {task} result for {who}", limit, task))
+            why = rules2_row("tasks", servers.get(who) or {}, (metric_name, "accuracy"), who,
+                             f"per-document {task} scores") or f"no {task} result for {who}"
+            out.append(not_measured(check_id, bar, metric, "tasks", why, limit, task))
             continue
         higher = bool(row.get("higher_is_better", True))
         observed = [float(r[1]) for r in ref_rows + cand_rows if isinstance(r, list) and len(r) == 3 and not r[2]]

@@ -21,6 +21,7 @@ from kvprobe.verdict.checks._common import (
     not_measured,
     pct,
     probe_missing,
+    rules2_row,
     with_power,
 )
 
@@ -62,7 +63,9 @@ def perplexity_check(inputs: dict[str, Any], cand: str, bars: Any) -> dict[str, 
     ref, row = servers.get(inputs["reference"]) or {}, servers.get(cand) or {}
     if not row.get("passage_ll") or not ref.get("passage_ll"):
         who = cand if not row.get("passage_ll") else inputs["reference"]
-        why = (servers.get(who) or {}).get("error") or f"no perplexity result for {who}"
+        got = servers.get(who) or {}
+        why = got.get("error") or rules2_row("perplexity", got, ("bits_per_byte", "loglikelihood"), who,
+                                             "per-passage figures") or f"no perplexity result for {who}"
         return not_measured(check_id, bar, metric, "perplexity", why, limit)
     ref_ll = dict(zip(ref.get("passage_doc") or [], ref["passage_ll"], strict=False))
     units_of = dict(zip(ref.get("passage_doc") or [], ref.get("passage_units") or [], strict=False))
@@ -115,8 +118,9 @@ def agreement_checks(inputs: dict[str, Any], cand: str, bars: Any) -> list[dict[
             continue
         sums, positions = row.get(f"passage_{key}_sum"), row.get("passage_positions")
         if probe is None or not sums or not positions or sum(positions) <= 0:
-            why = probe_missing(inputs, "agreement") if probe is None else (row.get("error")
-                                                                             or f"no agreement result for {cand}")
+            why = probe_missing(inputs, "agreement") if probe is None else (
+                row.get("error") or rules2_row("agreement", row, ("kl_mean", "top1_agreement"), cand,
+                                               "per-passage figures") or f"no agreement result for {cand}")
             out.append(not_measured(check_id, bar, metric, "agreement", why, limit))
             continue
         iv = ratio_t_interval(sums, positions)
