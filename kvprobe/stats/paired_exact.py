@@ -116,38 +116,47 @@ def pass_probability(n: int, bar: float, p_lost: float, p_gained: float) -> floa
     return float(terms.sum())
 
 
-@functools.lru_cache(maxsize=16)
-def _statistic_table(n: int, bar: float) -> np.ndarray:
-    """Tango's statistic at the bar for every cell, indexed [lost, gained]; -inf where lost + gained > n, so
-    no tail ever counts those."""
-    lost, gained = _cells(n)
-    out = np.full((n + 1, n + 1), -np.inf)
-    out[lost.astype(int), gained.astype(int)] = tango_statistic(n, lost, gained, bar)
-    out.setflags(write=False)
-    return out
-
-
 def _nuisance(bar: float) -> np.ndarray:
     """The gained-pair probabilities on the null's boundary p_lost = p_gained + bar."""
     return np.linspace(max(0.0, -bar), (1.0 - bar) / 2.0, NUISANCE_GRID)
 
 
+def fewest_lost_reaching(n: int, gained: np.ndarray, bar: float, t_obs: float) -> np.ndarray:
+    """Per gained count, the fewest lost pairs whose statistic at the bar is at least `t_obs` (n - gained + 1:
+    none). Tango's statistic rises with every lost pair, so the cells at least as extreme as an outcome are
+    a suffix of lost counts in each gained count: a bisection per gained count, all at once."""
+    gained = np.asarray(gained, dtype=np.int64)
+    lo, hi = np.zeros(gained.shape, dtype=np.int64), n - gained + 1
+    while (open_ := lo < hi).any():
+        mid = (lo + hi) // 2
+        ok = tango_statistic(n, np.minimum(mid, n - gained).astype(float), gained.astype(float), bar) >= t_obs
+        ok &= mid <= n - gained
+        hi = np.where(open_ & ok, mid, hi)
+        lo = np.where(open_ & ~ok, mid + 1, lo)
+    return lo
+
+
 @functools.lru_cache(maxsize=4096)
 def exact_pvalue(n: int, lost: int, gained: int, bar: float) -> float:
     """The exact unconditional p-value of "drop <= bar" at one cell: the largest probability, over the
-    nuisance on the boundary, of a statistic at least the cell's own (ties count in the tail). Each
-    nuisance value sums only the cells its trinomial reaches (_reach), so a few thousand pairs take a
-    second, not a minute."""
-    table = _statistic_table(n, bar)
-    t_obs = table[lost, gained]
+    nuisance on the boundary, of a statistic at least the cell's own (ties count in the tail). The tail is a
+    suffix of lost counts per gained count (fewest_lost_reaching), so each nuisance value is a sum over the
+    gained counts of P(G = g) P(L >= the suffix's start | G = g): linear in n, where summing every cell
+    took 16 s at 5,000 pairs. exact_pvalues (every cell) agrees with it to 1e-12 (the tests hold it)."""
+    from scipy import stats as st
+
+    t_obs = float(tango_statistic(n, np.array([float(lost)]), np.array([float(gained)]), bar)[0])
+    start = fewest_lost_reaching(n, np.arange(n + 1), bar, t_obs)
+    nuisance = _nuisance(bar)
     worst = 0.0
-    for p_gained in _nuisance(bar):
-        p_lost = p_gained + bar
-        (l0, l1), (g0, g1) = _reach(n, p_lost), _reach(n, p_gained)
-        tail_l, tail_g = np.nonzero(table[l0:l1 + 1, g0:g1 + 1] >= t_obs)
-        if tail_l.size:
-            mass = np.exp(_log_trinomial(n, tail_l + float(l0), tail_g + float(g0), p_lost, p_gained)).sum()
-            worst = max(worst, float(mass))
+    for i in range(0, len(nuisance), 16):
+        # 16 nuisance values at a time, one row each, over the gained counts their trinomials reach
+        p_gained = nuisance[i:i + 16, None]
+        g0, g1 = _reach(n, float(p_gained[0, 0]))[0], _reach(n, float(p_gained[-1, 0]))[1]
+        gs = np.arange(g0, g1 + 1)
+        p_cond = np.minimum(1.0, (p_gained + bar) / np.maximum(1.0 - p_gained, 1e-300))
+        tail = st.binom.pmf(gs, n, p_gained) * st.binom.sf(start[gs] - 1, n - gs, p_cond)
+        worst = max(worst, float(tail.sum(axis=1).max()))
     return min(worst, 1.0)
 
 

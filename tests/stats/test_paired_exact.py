@@ -104,10 +104,16 @@ def test_the_exact_test_costs_little_power_against_twice_the_bar() -> None:
         assert pe.fail_probability(n, BAR, 0.2, 0.0) == pytest.approx(exact, abs=0.001)
 
 
-def test_one_cells_pvalue_is_the_tables() -> None:
-    table = pe.exact_pvalues(55, BAR)
-    for lost, gained in ((12, 0), (15, 3), (20, 8), (5, 5), (30, 20)):
-        assert pe.exact_pvalue(55, lost, gained, BAR) == pytest.approx(table[lost, gained], abs=1e-12)
+@pytest.mark.parametrize("n", [30, 55])
+def test_one_cells_pvalue_is_the_tables(n: int) -> None:
+    """exact_pvalue sums a suffix of lost counts per gained count; exact_pvalues sorts every cell: the same
+    tail, two ways."""
+    table = pe.exact_pvalues(n, BAR)
+    rng = np.random.default_rng(n)
+    cells = [(12, 0), (15, 3), (20, 8), (5, 5), (0, 0), (n, 0), (0, n)]
+    cells += [(int(k), int(rng.integers(0, n - k + 1))) for k in rng.integers(0, n + 1, 60)]
+    for lost, gained in cells:
+        assert pe.exact_pvalue(n, lost, gained, BAR) == pytest.approx(table[lost, gained], abs=1e-12), (lost, gained)
 
 
 def test_where_tango_fails_and_the_exact_test_does_not_the_check_cannot_fail() -> None:
