@@ -34,7 +34,10 @@ from kvprobe.stats import Interval, paired_binary_interval, t_quantile
 
 ALPHA = 0.025  # one-sided, each side of the bar
 Z = t_quantile(1 - ALPHA, None)
-NUISANCE_GRID = 257  # values of the gained-pair probability the exact test takes its supremum over
+# Values of the gained-pair probability the exact test takes its supremum over: a grid, so the largest tail
+# between two of them can sit a little over. With 257 values a candidate at a 0.10 bar failed 2.50071% of the
+# time at 56 pairs; with 1025, at most 2.49988% over 20-200 pairs (evaluated on 3,601 values).
+NUISANCE_GRID = 1025
 LINEAR_UP_TO = 500  # `equal_size` tries every n up to this, then bisects
 MAX_PAIRS = 20_000  # `equal_size` looks no further: a run this large is no run an operator will make
 

@@ -13,7 +13,7 @@ from kvprobe.stats import paired_exact as pe
 
 BAR = 0.10
 SIX = 0.8 ** (1 / 6)  # each of six gating checks, for 0.8 together
-NUISANCE = np.linspace(0.0, 0.45, 46)  # gained-pair probabilities the sweeps take the worst over
+NUISANCE = np.linspace(0.0, 0.45, 901)  # gained-pair probabilities the sweeps take the worst over
 
 
 @pytest.mark.parametrize("n", [20, 40, 104])
@@ -84,10 +84,11 @@ def _worst_fail_at_the_bar(n: int, *, tango_only: bool = False) -> float:
     return max(pe.fail_probability(n, BAR, g + BAR, g, tango_only=tango_only) for g in NUISANCE)
 
 
-@pytest.mark.parametrize("n", [40, 47, 55, 63, 100])
+@pytest.mark.parametrize("n", [40, 47, 55, 56, 63, 100, 108])
 def test_a_candidate_exactly_at_the_bar_fails_at_most_2_5_percent(n: int) -> None:
     """Tango's lower end alone failed it up to 4.7-4.8% at 47, 55 and 63 pairs and 4.0% at 100 (few gained
-    pairs); with the exact test at the bar, the worst over the gained-pair probability is under 2.5%."""
+    pairs); with the exact test at the bar, the worst over the gained-pair probability is under 2.5% (56 and
+    108: where the exact test's own nuisance grid comes closest)."""
     worst = _worst_fail_at_the_bar(n)
     tango = _worst_fail_at_the_bar(n, tango_only=True)
     print(f"n={n}: worst P(fail | at the bar) {worst:.4f}, Tango's lower end alone {tango:.4f}")
