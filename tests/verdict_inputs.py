@@ -133,7 +133,8 @@ class Measurements:
 
 
 def tasks_summary(ref_scores: list[float], cand_scores: list[float], *, task: str = "qa",
-                  truncated: tuple[int, ...] = (), ref_truncated: tuple[int, ...] = ()) -> dict[str, Any]:
+                  truncated: tuple[int, ...] = (), ref_truncated: tuple[int, ...] = (),
+                  higher_is_better: bool = True) -> dict[str, Any]:
     """tasks.json as the tasks probe writes it, from per-document scores (truncated / ref_truncated:
     documents the cap cut on the candidate / the reference), through the probe's own summarise."""
     from types import SimpleNamespace
@@ -141,7 +142,7 @@ def tasks_summary(ref_scores: list[float], cand_scores: list[float], *, task: st
     from kvprobe.probes.tasks import summarise
     from kvprobe.quality.task_eval import SampleRow, TaskInfo
 
-    info = TaskInfo(task, "generate_until", "exact_match", True, len(ref_scores), "d")
+    info = TaskInfo(task, "generate_until", "exact_match", higher_is_better, len(ref_scores), "d")
     rows = {("ref", task): [SampleRow(i, s, truncated=i in ref_truncated) for i, s in enumerate(ref_scores)],
             ("cand", task): [SampleRow(i, s, truncated=i in truncated) for i, s in enumerate(cand_scores)]}
     settings = SimpleNamespace(bootstrap_resamples=2000, seed=0, max_gen_toks=1024, limit=None)

@@ -3,10 +3,10 @@
 Numbers carry their uncertainty: a delta is reported with a 95% interval, and a bar is passed only
 when the whole interval is on the right side of it (a one-sided test at 2.5% against the bar). The
 interval fits the data: Tango's score interval for paired 0/1 outcomes (needles, task documents,
-answers cut at the cap), Student's t over units for a ratio of sums (perplexity, agreement) or a mean
-difference, Welch's t on log values for runs of two servers. The percentile bootstrap is kept for
-rules/2 verdicts (kvprobe.verdict.rules_v2) only: on paired 0/1 outcomes with no lost pair it gives an upper
-end of exactly 0, which passes any bar at any sample size.
+answers cut at the cap) and, on the losses' mass, for bounded task scores; Student's t over units for
+a ratio of sums (perplexity, agreement) or a mean difference; Welch's t on log values for runs of two
+servers. The percentile bootstrap is kept for rules/2 verdicts (kvprobe.verdict.rules_v2) only: on paired
+0/1 outcomes with no lost pair it gives an upper end of exactly 0, which passes any bar at any sample size.
 """
 
 from __future__ import annotations
@@ -168,10 +168,17 @@ def paired_binary_interval(n: int, lost: int, gained: int, level: float = 0.95) 
     a 0.10 bar passes and a 0.05 bar cannot (that needs about ln(0.025) / ln(1 - 0.05) = 72 pairs).
     At a true drop exactly at the bar it passes at most 2.5% of the time when the candidate mostly
     loses or gains few pairs (tests/test_binary_bars.py); where most pairs disagree both ways, up to
-    about 2.9% at 40 pairs, the score test's known slight liberality."""
+    about 2.9% at 40 pairs, the score test's known slight liberality. Its lower end alone fails a
+    candidate at the bar up to 4.8% of the time: the checks fail only where the exact test agrees
+    (kvprobe.stats.paired_exact.paired_drop_interval)."""
     if n < 1 or lost < 0 or gained < 0 or lost + gained > n:
         raise ValueError(f"paired counts need n >= 1 and 0 <= lost + gained <= n (n={n}, lost={lost}, "
                          f"gained={gained})")
+    return _tango_interval(n, lost, gained, level)
+
+
+def _tango_interval(n: int, lost: float, gained: float, level: float) -> Interval:
+    """Tango's score interval for (lost - gained) / n; counts may be fractional (bounded_paired_interval)."""
     z = t_quantile(0.5 + level / 2, None)
 
     def root(target: float) -> float:
@@ -190,6 +197,30 @@ def paired_binary_interval(n: int, lost: int, gained: int, level: float = 0.95) 
     lower, upper = max(-1.0, root(z)), min(1.0, root(-z))
     se = (upper - lower) / (2 * z)
     return Interval(estimate, min(lower, estimate), max(upper, estimate), se=se, df=None)
+
+
+def bounded_paired_interval(losses: Sequence[float], span: float, level: float = 0.95) -> Interval:
+    """The mean of paired losses that lie in [-span, span] (a score bounded in a range of width `span`,
+    reference minus candidate where larger is worse), with Tango's score interval on the losses' mass.
+
+    Each loss, over `span`, splits into a lost part max(x, 0) and a gained part max(-x, 0); their sums
+    are Tango's lost and gained counts, fractional. For 0/1 scores this is paired_binary_interval exactly.
+    Why it stays honest for any score in the range: a loss x in [-1, 1] has x^2 <= |x|, so its variance
+    is at most E|x| - (E x)^2, which is the variance Tango's statistic gives pairs that are lost or gained
+    with those probabilities: the interval takes every document's difference as if it were a whole
+    answer lost or gained, the widest a bounded score can spread. So with no document differing it is
+    Tango's [-0.43, +0.43] at 5 documents and [-0.088, +0.088] at 40, where a t interval is [0, 0] and
+    passes any bar; at a true loss on the bar it passes about as often as the 0/1 check, at most,
+    (tests/verdict/checks/test_answers.py simulates it). The price is width where the scores spread
+    little: a t interval would be narrower, and wrong at the few-differences end."""
+    xs = [float(x) for x in losses]
+    if not xs or span <= 0 or any(abs(x) > span * (1 + 1e-12) for x in xs):
+        raise ValueError(f"bounded_paired_interval needs losses within [-{span}, {span}]")
+    lost = math.fsum(min(max(x / span, 0.0), 1.0) for x in xs)
+    gained = math.fsum(min(max(-x / span, 0.0), 1.0) for x in xs)
+    iv = _tango_interval(len(xs), lost, gained, level)
+    return Interval(iv.estimate * span, iv.lo * span, iv.hi * span, se=None if iv.se is None else iv.se * span,
+                    df=None)
 
 
 def ratio_t_interval(num: Sequence[float], den: Sequence[float], *, level: float = 0.95,

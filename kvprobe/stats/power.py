@@ -13,8 +13,13 @@ standard error se and its degrees of freedom, at power 0.8:
   gating check of its family together with power 0.8 (each at 0.8^(1/k) for k gating checks), at
   the measured spread, with t for small sizes, and the range that figure spans over the spread's
   own 95% interval when the spread comes from few units. Speed is sized on the log scale, where its
-  interval is built. A bar of 0 has no such size: non-inferiority with a zero margin can only fail
-  or be inconclusive.
+  interval is built. Paired 0/1 outcomes are sized exactly, not by a normal approximation: the fewest
+  pairs at which a candidate that disagrees with the reference on the share of pairs this run saw, half
+  each way, passes Tango's interval with that power, summed over every (lost, gained)
+  (kvprobe.stats.paired_exact.equal_size). The approximation with sd = sqrt(discordant share) named 38
+  and 73 pairs where 76 and 105 are needed (at 2.5% and 5% disagreeing, six gating checks); at its
+  sizes an equal candidate passed 0.64 and 0.83 of the time, not 0.963. A bar of 0 has no such size:
+  non-inferiority with a zero margin can only fail or be inconclusive.
 """
 
 from __future__ import annotations
@@ -51,16 +56,19 @@ def figures(n: int, unit: str, se: float | None, df: float | None, bar: float | 
     return out
 
 
-def binary_figures(n: int, bar: float | None) -> dict[str, Any]:
+def binary_figures(n: int, bar: float | None, *, exact_fail: bool = True) -> dict[str, Any]:
     """passes_at_most / fails_at_least for n paired 0/1 outcomes judged by Tango's interval, exactly: for
     a candidate that only loses answers (the way a broken KV format fails), with a true loss L each pair
     is lost with probability L, and the check passes when the lost count keeps the interval's upper end
-    within the bar (fails when its lower end clears it). A normal approximation with the interval's own
-    width would say even 40 matching needles cannot pass a 0.10 bar at power 0.8; they pass every time."""
+    within the bar (fails when its lower end clears it and, with `exact_fail`, the exact test at the bar
+    agrees: kvprobe.stats.paired_exact; rules/4 failed on Tango's lower end alone). A normal approximation
+    with the interval's own width would say even 40 matching needles cannot pass a 0.10 bar at power 0.8;
+    they pass every time."""
     from scipy import stats as st
     from scipy.optimize import brentq
 
     from kvprobe.stats import paired_binary_interval
+    from kvprobe.stats.paired_exact import fails
 
     out: dict[str, Any] = {"passes_at_most": None, "fails_at_least": None, "model": "the candidate only loses answers"}
     if bar is None or n < 1:
@@ -76,6 +84,11 @@ def binary_figures(n: int, bar: float | None) -> dict[str, Any]:
 
     pass_k = largest(lambda k: paired_binary_interval(n, k, 0).hi <= bar)
     fail_k = largest(lambda k: not paired_binary_interval(n, k, 0).lo > bar) + 1  # the fewest lost that fail
+    if exact_fail:
+        # The exact test only ever withholds a fail Tango would give, and rejects for more lost pairs once
+        # it rejects for some (its tail shrinks as the lost count grows): count up from Tango's boundary.
+        while fail_k <= n and not fails(n, fail_k, 0, bar):
+            fail_k += 1
     if pass_k >= 0:
         p_pass = lambda q: float(st.binom.cdf(pass_k, n, q)) - POWER  # noqa: E731
         out["passes_at_most"] = 1.0 if p_pass(1.0) >= 0 else float(brentq(p_pass, 0.0, 1.0, xtol=1e-10))
@@ -115,15 +128,18 @@ def zero_loss_size(bar: float) -> int | None:
 
 def needed(block: dict[str, Any], bar: float | None, family: int, *, log_margin: float | None = None,
            sd_df: float | None = None, df_of: Any = None, sd_unit: float | None = None,
-           floor: int | None = None) -> dict[str, Any] | None:
+           floor: int | None = None, disagreement: float | None = None, span: float = 1.0) -> dict[str, Any] | None:
     """`needed` for an inconclusive check: the size at which a candidate equal to the reference passes
     all `family` gating checks with power 0.8, and its range over the spread's uncertainty.
 
     `log_margin`: the bar on the log scale (speed: -ln(1 - drop bar), ln(1 + rise bar)), with se on
     that scale; `sd_df`: the degrees of freedom of the spread estimate; `df_of(m)`: the interval's
-    degrees of freedom at size m (default m - 1). Paired 0/1 outcomes give `sd_unit` (the square root
-    of the share of pairs that disagree: an equal candidate's per-pair spread) and `floor` (the pairs a
-    pass needs even when none disagrees, zero_loss_size)."""
+    degrees of freedom at size m (default m - 1). `disagreement`: paired outcomes judged by Tango's
+    interval (0/1, or bounded scores on their losses' mass), sized exactly at that share of pairs
+    disagreeing, half each way (paired_exact.equal_size); `span`: a bounded score's range, which the bar is
+    divided by (the 0/1 case is the widest a bounded score can spread, so its size is enough). rules/4's
+    0/1 checks gave `sd_unit` (the square root of the share of pairs that disagree) and `floor` (the
+    pairs a pass needs even when none disagrees, zero_loss_size) to a normal approximation instead."""
     se, n = block.get("se"), block.get("n") or 0
     margin = log_margin if log_margin is not None else bar
     if se is None or margin is None or n < 1 or not math.isfinite(se):
@@ -131,6 +147,16 @@ def needed(block: dict[str, Any], bar: float | None, family: int, *, log_margin:
     if margin <= 0:
         return {"needed": None, "why": "a bar of 0 can only fail or be inconclusive"}
     power = POWER ** (1 / max(family, 1))
+    if disagreement is not None:
+        from kvprobe.stats.paired_exact import MAX_PAIRS, equal_size
+
+        size = equal_size(margin / span, disagreement, power)
+        out = {"needed": size, "family": family, "power_each": power, "disagreement": disagreement,
+               "method": "exact"}
+        if size is None:
+            out["why"] = (f"no practical run settles it: over {MAX_PAIRS:,} {block.get('unit', 'pairs')} would "
+                          f"be needed at {disagreement:.1%} of them disagreeing")
+        return out
     sd_unit = se * math.sqrt(n) if sd_unit is None else sd_unit
     df_of = df_of or (lambda m: m - 1)
     size = _size_for(sd_unit, margin, power, df_of) if sd_unit > 0 else floor

@@ -31,7 +31,7 @@ from kvprobe.errors import EXIT_BAR_FAILED, EXIT_BROKEN, EXIT_INVALID, EXIT_OK
 from kvprobe.knob import DEFAULT as DEFAULT_KNOB
 from kvprobe.run.store import RunDir, dumps
 from kvprobe.verdict import rules_v2
-from kvprobe.verdict.checks import METHOD, RULES3_PROBES, capacity_of, gating, judge, pct
+from kvprobe.verdict.checks import METHOD, RULES3_PROBES, RULES4_PROBES, capacity_of, gating, judge, pct
 from kvprobe.verdict.evidence import gather
 from kvprobe.verdict.schema import check_written
 
@@ -50,13 +50,20 @@ SCHEMA_2 = "kvprobe.verdict/2"
 # 4: speed is one primary endpoint declared before the run (load.endpoint.*), decided by a group-sequential
 #    paired t test over blocks; per-case speed checks are guardrails (gating: false) that fail only past twice
 #    the bar on Holm-adjusted intervals.
-RULES = "kvprobe.rules/4"
+# 5: every 0/1 task metric through Tango's interval (negated when lower is better), other task scores through
+#    Tango's interval on the losses' mass within their range with a pass at the zero-loss size at least, and a
+#    cut answer scored at the range's worst end; a 0/1 bar fails only where the exact unconditional test at the
+#    bar agrees; `needed` for paired outcomes by exact enumeration; an undecided speed endpoint whose advice
+#    passes 10x the design's blocks is told the design cannot settle it.
+RULES = "kvprobe.rules/5"
+RULES_4 = "kvprobe.rules/4"
 RULES_3 = "kvprobe.rules/3"
 # Verdicts written under earlier rules are re-derived under their own (kvprobe verify).
 OLDER_RULES = {rules_v2.RULES: (rules_v2.SCHEMA, rules_v2.decide),
-               RULES_3: (SCHEMA_2, lambda inputs: decide(inputs, RULES3_PROBES, structured=False))}
-# The current rules written in an earlier schema: the same decisions, signed without the fields schema 3 added.
-OLDER_SCHEMAS = {SCHEMA_2: lambda inputs: decide(inputs, structured=False)}
+               RULES_3: (SCHEMA_2, lambda inputs: decide(inputs, RULES3_PROBES, structured=False)),
+               RULES_4: (SCHEMA, lambda inputs: decide(inputs, RULES4_PROBES))}
+# rules/4 written in an earlier schema: the same decisions, signed without the fields schema 3 added.
+OLDER_SCHEMAS = {SCHEMA_2: lambda inputs: decide(inputs, RULES4_PROBES, structured=False)}
 DECISIONS = ("invalid", "broken", "reject", "no_gain", "inconclusive", "adopt")
 INPUT_KEYS = ("reference", "order", "bars", "servers", "pin", "broken", "probes", "probes_status")
 DERIVED_KEYS = ("decisions", "recommendation", "exit_code")
@@ -250,12 +257,12 @@ def rederive(verdict: dict[str, Any]) -> list[str]:
     rules, schema = verdict.get("rules"), verdict.get("schema")
     if rules == RULES and schema == SCHEMA:
         decide_under = decide
-    elif rules == RULES and schema in OLDER_SCHEMAS:
-        decide_under = OLDER_SCHEMAS[schema]
     elif rules in OLDER_RULES and OLDER_RULES[rules][0] == schema:
         decide_under = OLDER_RULES[rules][1]
+    elif rules == RULES_4 and schema in OLDER_SCHEMAS:
+        decide_under = OLDER_SCHEMAS[schema]
     else:
-        known = ", ".join(sorted([f"{SCHEMA} / {RULES}", *(f"{s} / {RULES}" for s in OLDER_SCHEMAS),
+        known = ", ".join(sorted([f"{SCHEMA} / {RULES}", *(f"{s} / {RULES_4}" for s in OLDER_SCHEMAS),
                                   *(f"{s} / {r}" for r, (s, _) in OLDER_RULES.items())]))
         return [f"verdict schema {schema!r} / rules {rules!r}: this kvprobe re-derives {known} only"]
     missing = [k for k in (*INPUT_KEYS, *DERIVED_KEYS) if k not in verdict]

@@ -64,13 +64,25 @@ def test_se_from_a_95_interval() -> None:
     assert power.se_from_interval(float("-inf"), 1.0) is None
 
 
-def test_paired_01_outcomes_are_sized_from_their_disagreement_and_never_below_the_zero_loss_size() -> None:
+def test_paired_01_outcomes_are_sized_exactly_from_their_disagreement() -> None:
+    from kvprobe.stats.paired_exact import equal_pass_probability
+
     assert [power.zero_loss_size(b) for b in (0.10, 0.05, 0.02)] == [35, 73, 189]  # ~ ln(0.025) / ln(1 - bar)
     block = power.figures(20, "needles", 0.082, None, 0.10)
-    agreeing = power.needed(block, 0.10, family=1, sd_unit=0.0, floor=35)
-    assert agreeing["needed"] == 35  # 20 needles that all agree: 35 would pass, not hundreds
-    disagreeing = power.needed(block, 0.10, family=1, sd_unit=(4 / 20) ** 0.5, floor=35)
-    assert disagreeing["needed"] > 35
+    agreeing = power.needed(block, 0.10, family=1, disagreement=0.0)
+    assert agreeing["needed"] == 35 and agreeing["method"] == "exact"  # 20 needles that all agree: 35 would pass
+    disagreeing = power.needed(block, 0.10, family=1, disagreement=4 / 20)
+    size = disagreeing["needed"]
+    assert equal_pass_probability(size, 0.10, 0.2) >= 0.8 > equal_pass_probability(size - 1, 0.10, 0.2)
+    # a bounded score on a range of 100 is sized at its bar over the range
+    assert power.needed(block, 10.0, family=1, disagreement=0.0, span=100.0)["needed"] == 35
+
+
+def test_rules4_sized_paired_01_outcomes_by_a_normal_approximation() -> None:
+    """Kept for re-deriving rules/4 verdicts (answers_rules4): sd = sqrt(discordant share), floored."""
+    block = power.figures(20, "needles", 0.082, None, 0.10)
+    assert power.needed(block, 0.10, family=1, sd_unit=0.0, floor=35)["needed"] == 35
+    assert power.needed(block, 0.10, family=1, sd_unit=(4 / 20) ** 0.5, floor=35)["needed"] > 35
 
 
 def test_binary_figures_are_exact_for_a_candidate_that_only_loses() -> None:
@@ -84,3 +96,14 @@ def test_binary_figures_are_exact_for_a_candidate_that_only_loses() -> None:
     big = power.binary_figures(1000, 0.05)
     assert 0.0 < big["passes_at_most"] < 0.05 < big["fails_at_least"] < 0.1
     assert binom.cdf(0, 40, block["passes_at_most"]) == pytest.approx(0.8)
+
+
+def test_fails_at_least_follows_the_fail_side_the_check_runs() -> None:
+    """At 63 pairs Tango's lower end alone fails on fewer lost pairs than the exact test at the bar allows:
+    the figure moves up with the rule, and means what it says under it (P(fail) = 0.8 there)."""
+    from kvprobe.stats.paired_exact import fail_probability
+
+    exact, tango = power.binary_figures(63, 0.10), power.binary_figures(63, 0.10, exact_fail=False)
+    assert exact["fails_at_least"] > tango["fails_at_least"]
+    assert fail_probability(63, 0.10, exact["fails_at_least"], 0.0) == pytest.approx(0.8, abs=1e-6)
+    assert fail_probability(63, 0.10, tango["fails_at_least"], 0.0, tango_only=True) == pytest.approx(0.8, abs=1e-6)

@@ -11,7 +11,7 @@ import orjson
 import pytest
 from recorded import RUNS, rejudge
 
-from kvprobe.verdict.build import rederive, verdict_bytes
+from kvprobe.verdict.build import RULES, SCHEMA, rederive, verdict_bytes
 
 
 def _checks(verdict: dict, cand: str) -> dict[str, dict]:
@@ -78,6 +78,15 @@ def test_on_the_gpu_int8_per_token_head_holds_quality(h200: dict) -> None:
     assert h200["decisions"]["int8_per_token_head"]["decision"] != "reject"
 
 
+def test_the_h200s_undecided_speed_is_told_its_design_cannot_settle_it(h200: dict) -> None:
+    """Judged with the estimate as the truth, fp8's 3 blocks at ratio 0.95 asked for some 24,000 more blocks; past
+    ten times the design's blocks the words say what would help instead."""
+    endpoint = _checks(h200, "fp8")["load.endpoint.throughput_drop"]
+    assert endpoint["sequential"]["look"]["more_blocks"] > 10 * 3
+    assert "this design cannot settle it: lengthen the budget or quiet the servers" in endpoint["text"]
+    assert "more blocks would settle it" not in endpoint["text"]
+
+
 def test_recorded_repeats_are_a_fixed_design_and_client_limited_blocks_are_dropped(xeon: dict) -> None:
     """Written before the sequential design: its 3 repeats ran every server back to back, which is a fixed
     design of 3 blocks; on this shared 2-core box the client sent some turns late by over a quarter of the
@@ -117,5 +126,5 @@ def test_on_amd_avx2_the_wrecking_2x_is_rejected_naming_misses_and_answers_cut(t
 @pytest.mark.parametrize("name", ["xeon-amx-demo", "h200-gpu", "h200-gpu-hybrid-kv", "h200-gpu-hybrid-ssm"])
 def test_the_rejudged_verdict_rederives(name: str, tmp_path) -> None:
     _, verdict = rejudge(name, tmp_path)
-    assert verdict["rules"] == "kvprobe.rules/4" and verdict["schema"] == "kvprobe.verdict/3"
+    assert verdict["rules"] == RULES and verdict["schema"] == SCHEMA
     assert rederive(orjson.loads(verdict_bytes(verdict))) == []

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from verdict_inputs import Measurements, tasks_summary
 
+from kvprobe.stats.paired_exact import equal_pass_probability
 from kvprobe.verdict.build import build_verdict, rederive
 
 
@@ -56,10 +57,15 @@ def test_a_small_loss_is_inconclusive_and_says_what_would_settle_it(tmp_path: Pa
     v = build_verdict(with_tasks([1.0] * 40, [1.0] * 39 + [0.0]).write(tmp_path / "r"))
     check = task_check(v)
     assert check["outcome"] == "inconclusive"
-    # an equal candidate disagreeing as often (1 pair in 40) would usually pass at 40: the lost answer holds
-    # this one back, and the words say so instead of asking for documents that would not help
-    assert check["power"]["needed"] <= 40
-    assert "the estimate itself holds this one back" in check["text"]
+    # sized exactly: an equal candidate disagreeing as often (1 pair in 40, half each way) passes with the
+    # family's power from this many documents; rules/4's normal approximation said 40 would usually do, where
+    # such a candidate passes 0.63 of the time
+    block = check["power"]
+    size, each = block["needed"], block["power_each"]
+    assert block["method"] == "exact" and block["disagreement"] == 1 / 40
+    assert equal_pass_probability(size, 0.10, 1 / 40) >= each > equal_pass_probability(size - 1, 0.10, 1 / 40)
+    assert size > 40 and equal_pass_probability(40, 0.10, 1 / 40) == pytest.approx(0.63, abs=0.01)
+    assert f"about {size} documents would let a candidate equal to the reference pass it" in check["text"]
     assert v["exit_code"] == 1  # a measured bar not shown to pass fails the run
 
 

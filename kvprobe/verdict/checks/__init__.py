@@ -8,25 +8,29 @@ Pure functions of the verdict's inputs: `kvprobe verify` runs them again on a si
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from kvprobe.stats import power
-from kvprobe.verdict.checks import speed_rules3
+from kvprobe.verdict.checks import answers_rules4, speed_rules3
 from kvprobe.verdict.checks._common import MIN_PASSAGES, MIN_SCORED_SHARE, pct
 from kvprobe.verdict.checks.answers import needle_checks, task_checks
 from kvprobe.verdict.checks.quality import agreement_checks, perplexity_check
 from kvprobe.verdict.checks.speed import case_key, load_checks, natural_order, runs_by_case
 
-__all__ = ["METHOD", "MIN_PASSAGES", "MIN_SCORED_SHARE", "RULES3_PROBES", "STRUCTURED_KEYS", "capacity_of", "case_key",
-           "gating", "judge", "judge_probe", "live_checks", "natural_order", "pct", "runs_by_case"]
+__all__ = ["METHOD", "MIN_PASSAGES", "MIN_SCORED_SHARE", "RULES3_PROBES", "RULES4_PROBES", "STRUCTURED_KEYS",
+           "capacity_of", "case_key", "gating", "judge", "judge_probe", "live_checks", "natural_order", "pct",
+           "runs_by_case"]
 
 METHOD = {
     "interval_rule": "pass: the whole 95% interval within the bar; fail: the whole interval beyond it; else "
                      "inconclusive (a one-sided test at 2.5% against the bar, each way)",
     "answers": "needles and task documents paired case by case under the answer cap: an answer cut at the cap "
                "or failed scores as wrong on either side, a pair unanswered on both sides is left out and counted; "
-               f"a pass needs {MIN_SCORED_SHARE:.0%} of the pairs scored; Tango's score interval for 0/1 outcomes, "
-               "t over paired differences otherwise; the paired rise in answers cut at the cap has its own bar",
+               f"a pass needs {MIN_SCORED_SHARE:.0%} of the pairs scored; Tango's score interval for 0/1 outcomes in "
+               "either direction (a fail needs the exact unconditional test at the bar too), and on the losses' "
+               "mass within the score's range for other scores, whose pass needs at least the zero-loss size; "
+               "the paired rise in answers cut at the cap has its own bar",
     "passages": "perplexity and agreement: a ratio of sums over passages with a t interval (delta method, n - 1 "
                 f"df); a pass needs {MIN_PASSAGES} passages; the reference's measured run-to-run delta enters the "
                 "perplexity interval as a variance component, and a bar with noise over a third of it is not passed",
@@ -37,8 +41,9 @@ METHOD = {
              "endpoints each fails at 1.25%); client-limited blocks are dropped and re-run; per-case figures are "
              "guardrails that fail only past twice the bar on Holm-adjusted paired t tests, and never gate adopt",
     "power": "passes_at_most / fails_at_least: the true loss this run passes / fails with power 0.8 "
-             "(bar -/+ (t_0.975 + t_0.8) x se); needed (inconclusive): the size at which a candidate equal to the "
-             "reference passes every gating check of its family together with power 0.8",
+             "(bar -/+ (t_0.975 + t_0.8) x se; exact for 0/1 outcomes); needed (inconclusive): the size at which a "
+             "candidate equal to the reference passes every gating check of its family together with power 0.8 "
+             "(for paired outcomes by exact enumeration at the share of pairs this run saw disagree)",
 }
 
 _PROBES = {
@@ -50,8 +55,11 @@ _PROBES = {
 }
 
 
-# rules/3 judged speed per case with Welch intervals; everything else is as today.
-RULES3_PROBES = {**_PROBES, "load": speed_rules3.load_checks}
+# rules/4 judged answers as answers_rules4 says, and told an undecided speed endpoint any count of blocks.
+RULES4_PROBES = {**_PROBES, "needle": answers_rules4.needle_checks, "tasks": answers_rules4.task_checks,
+                 "load": functools.partial(_PROBES["load"], cap_advice=False)}
+# rules/3 judged speed per case with Welch intervals; answers as rules/4.
+RULES3_PROBES = {**RULES4_PROBES, "load": speed_rules3.load_checks}
 
 # Fields a check carries from verdict schema 3 on, beside the words that say the same: a case as typed
 # fields, the cases an endpoint averages over, and the client-limited blocks a speed check dropped, with
@@ -107,7 +115,8 @@ def judge(inputs: dict[str, Any], cand: str, bars: Any, probes: dict[str, Any] |
             df_of = {"welch": lambda m: 2 * m - 2, "paired": lambda m: m - 1}.get(kind, lambda m: None)
             sized = power.needed(block, sizing.get("loss_bar"), family, log_margin=sizing.get("log_margin"),
                                  sd_df=sizing.get("sd_df"), df_of=df_of, sd_unit=sizing.get("sd_unit"),
-                                 floor=sizing.get("floor"))
+                                 floor=sizing.get("floor"), disagreement=sizing.get("disagreement"),
+                                 span=sizing.get("span", 1.0))
             if sized:
                 block.update(sized)
             advice = power.advice(block)

@@ -63,15 +63,17 @@ def judged(interval: Interval, limit: float, *, larger_is_worse: bool = True) ->
 
 
 def with_power(check: dict[str, Any], n: int, unit: str, se: float | None, df: float | None,
-               loss_bar: float | None, *, binary: bool = False, **sizing: Any) -> dict[str, Any]:
+               loss_bar: float | None, *, binary: bool = False, exact_fail: bool = True,
+               **sizing: Any) -> dict[str, Any]:
     """Attach the power block (kvprobe.stats.power), in loss units; paired 0/1 outcomes get exact binomial
-    figures. `sizing` is kept for the family pass (kvprobe.verdict.checks.judge), which computes `needed` once
-    every gating check is known."""
+    figures (`exact_fail`: under the fail side the check runs; rules/4's was Tango's lower end alone).
+    `sizing` is kept for the family pass (kvprobe.verdict.checks.judge), which computes `needed` once every
+    gating check is known."""
     if check["outcome"] == "not_measured" or n < 1:
         return check
     block = power.figures(n, unit, se, df, loss_bar)
     if binary:
-        block.update(power.binary_figures(n, loss_bar))
+        block.update(power.binary_figures(n, loss_bar, exact_fail=exact_fail))
     block["_sizing"] = {"loss_bar": loss_bar, **sizing}
     check["power"] = block
     return check

@@ -6,8 +6,15 @@ The answer cap is a budget both servers get. Per pair of answers:
   metric's worst value otherwise) on either side: a candidate cut where the reference answered is
   the candidate's loss, a reference cut where the candidate answered the candidate's win;
 - a pair that neither side answered (both cut, both failed) tells nothing: left out, and counted.
-A pass needs MIN_SCORED_SHARE of the pairs scored; a score interval (Tango's, for 0/1 outcomes) or a
-t interval (other scores) decides the rest. A separate bar holds the rise in answers the cap cut.
+A pass needs MIN_SCORED_SHARE of the pairs scored; a score interval decides the rest, in the direction
+where larger is worse (a lower-is-better score's rise is its loss):
+- 0/1 scores, either direction: Tango's score interval on the lost and gained pairs; a fail needs the
+  exact unconditional test at the bar as well (kvprobe.stats.paired_exact.paired_drop_interval);
+- other scores (F1, ROUGE, ...): Tango's interval on the losses' mass within the score's range
+  (kvprobe.stats.bounded_paired_interval), never narrower than a 0/1 score's, and a pass needs at least
+  the zero-loss size (the fewest documents at which a candidate that loses nothing at all can pass).
+  rules/4's t interval was [0, 0] when no document differed: 5 identical documents passed any bar.
+A separate bar holds the rise in answers the cap cut. rules/4's version: answers_rules4.
 """
 
 from __future__ import annotations
@@ -16,7 +23,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvprobe.stats import Interval, mcnemar_p, mean_t_interval, paired_binary_interval, power
+from kvprobe.stats import Interval, bounded_paired_interval, mcnemar_p, power
+from kvprobe.stats.paired_exact import paired_drop_interval
 from kvprobe.verdict.checks._common import (
     MIN_SCORED_SHARE,
     judged,
@@ -89,17 +97,37 @@ def pair_answers(ref: dict[Any, Answer], cand: dict[Any, Answer]) -> Pairing:
     return out
 
 
-def _score_interval(p: Pairing, higher_is_better: bool) -> tuple[Interval, dict[str, Any]]:
-    """The drop (reference minus candidate, in the direction where larger is worse) with its interval."""
+def score_range(observed: list[float]) -> tuple[float, float]:
+    """The range a task score lies in, from the scores both servers gave within the cap: lm-eval does not
+    say. [0, 1] when every score is there (accuracy, F1, ROUGE as fractions), [0, 100] when every score is
+    (BLEU, chrF as sacrebleu reports them), else the range observed, widened to hold 0: a bound the
+    documents themselves set, which a score past it on an unseen document would break."""
+    if all(0.0 <= x <= 1.0 for x in observed):
+        return 0.0, 1.0
+    if all(0.0 <= x <= 100.0 for x in observed):
+        return 0.0, 100.0
+    return min([0.0, *observed]), max([0.0, *observed])
+
+
+def _score_interval(p: Pairing, higher_is_better: bool, limit: float,
+                    span: float) -> tuple[Interval, dict[str, Any], dict[str, Any]]:
+    """The loss (reference minus candidate where higher is better, candidate minus reference where lower
+    is), its interval, what the check records of it, and how `needed` sizes it."""
     sign = 1.0 if higher_is_better else -1.0
-    if p.binary and higher_is_better:
-        lost = sum(r == 1.0 and c == 0.0 for r, c in zip(p.ref_scores, p.cand_scores, strict=True))
-        gained = sum(r == 0.0 and c == 1.0 for r, c in zip(p.ref_scores, p.cand_scores, strict=True))
-        iv = paired_binary_interval(p.scored, lost, gained)
-        return iv, {"lost": lost, "gained": gained, "mcnemar_p": mcnemar_p(lost, gained),
-                    "interval_method": "Tango score interval for paired proportions"}
-    diffs = [sign * (r - c) for r, c in zip(p.ref_scores, p.cand_scores, strict=True)]
-    return mean_t_interval(diffs), {"interval_method": "t over paired differences"}
+    losses = [sign * (r - c) for r, c in zip(p.ref_scores, p.cand_scores, strict=True)]
+    if p.binary:
+        lost, gained = sum(x == 1.0 for x in losses), sum(x == -1.0 for x in losses)
+        iv = paired_drop_interval(p.scored, lost, gained, limit)
+        extra = {"lost": lost, "gained": gained, "mcnemar_p": mcnemar_p(lost, gained),
+                 "interval_method": "Tango score interval for paired proportions; a fail needs the exact "
+                                    "unconditional test at the bar too"}
+        return iv, extra, {"disagreement": (lost + gained) / p.scored}
+    iv = bounded_paired_interval(losses, span)
+    lost_mass = sum(max(x, 0.0) for x in losses) / span
+    gained_mass = sum(max(-x, 0.0) for x in losses) / span
+    extra = {"lost_mass": lost_mass, "gained_mass": gained_mass, "score_span": span,
+             "interval_method": "Tango score interval on the losses' mass within the score's range"}
+    return iv, extra, {"disagreement": min(1.0, (lost_mass + gained_mass) / p.scored), "span": span}
 
 
 def _count(n: int, unit: str) -> str:
@@ -126,19 +154,20 @@ def _cap_words(p: Pairing, cand: str, unit: str, cap: int | None) -> list[str]:
 
 def score_check(p: Pairing, *, check_id: str, bar: str, metric: str, probe: str, cand: str, limit: float,
                 unit: str, cap: int | None, case: str | None, higher_is_better: bool = True,
-                label: str) -> dict[str, Any]:
-    """The candidate's loss of right answers against `limit`, every planned pair accounted for."""
+                label: str, span: float = 1.0) -> dict[str, Any]:
+    """The candidate's loss of right answers against `limit`, every planned pair accounted for. `span`: the
+    width of the score's range (score_range), for a score that is not 0/1."""
     if p.pairs == 0:
         return not_measured(check_id, bar, metric, probe, f"no {unit} both servers ran", limit, case)
     if p.scored == 0:
         return make_check(check_id, bar, metric, probe, "inconclusive",
                           f"{metric}: all {p.pairs} {unit} were unanswered on both sides (cut at the cap or "
                           "failed): nothing to compare", limit=limit, case=case, pairs=p.pairs, scored=0)
-    iv, extra = _score_interval(p, higher_is_better)
+    iv, extra, sizing = _score_interval(p, higher_is_better, limit, span)
     outcome = judged(iv, limit)
     share = p.scored / p.pairs
     mean_r, mean_c = sum(p.ref_scores) / p.scored, sum(p.cand_scores) / p.scored
-    if p.binary and higher_is_better:
+    if p.binary:
         shown = f"{int(sum(p.cand_scores))}/{p.scored} vs reference {int(sum(p.ref_scores))}/{p.scored}"
     else:
         shown = f"{mean_c:.3f} vs reference {mean_r:.3f} over {p.scored} {unit}"
@@ -150,10 +179,20 @@ def score_check(p: Pairing, *, check_id: str, bar: str, metric: str, probe: str,
         details.append(f"only {_count(p.scored, unit)} of {p.pairs} scored ({share:.0%}), under the "
                        f"{MIN_SCORED_SHARE:.0%} a pass needs")
         text = text.removesuffix(": pass") + ": inconclusive"
+    floor = None if p.binary else power.zero_loss_size(limit / span)
+    if outcome == "pass" and floor is not None and p.scored < floor:
+        # Scores that spread little can give a narrow interval on few documents; a pass needs at least
+        # the documents at which one with no loss at all would pass, as a 0/1 score does.
+        outcome = "inconclusive"
+        details.append(f"a pass needs at least {_count(floor, unit)}, the fewest at which a candidate with no "
+                       "loss at all passes this bar")
+        text = text.removesuffix(": pass") + ": inconclusive"
     if limit == 0 and outcome == "inconclusive":
         details.append("a bar of 0 can only fail or be inconclusive")
     if "lost" in extra:
         details.append(f"lost {extra['lost']}, gained {extra['gained']}, McNemar p {extra['mcnemar_p']:.2g}")
+    if iv.lo == limit and outcome == "inconclusive" and p.binary:
+        details.append("Tango's lower end clears the bar, the exact test at the bar does not: not a fail")
     details += _cap_words(p, cand, unit, cap)
     if details:
         text += f" ({'; '.join(details)})"
@@ -162,10 +201,7 @@ def score_check(p: Pairing, *, check_id: str, bar: str, metric: str, probe: str,
                        candidate_score=mean_c, unanswered_both=p.both_unanswered,
                        candidate_cut_reference_answered=p.cand_cut_ref_answered,
                        reference_cut_candidate_answered=p.ref_cut_cand_answered, **extra)
-    if p.binary and higher_is_better:
-        return with_power(check, p.scored, unit, iv.se, iv.df, limit, binary=True, df_kind="z",
-                          **_binary_sizing(p.scored, extra["lost"] + extra["gained"], limit))
-    return with_power(check, p.scored, unit, iv.se, iv.df, limit, sd_df=iv.df, df_kind="paired")
+    return with_power(check, p.scored, unit, iv.se, iv.df, limit, binary=p.binary, df_kind="z", **sizing)
 
 
 def cut_check(p: Pairing, *, check_id: str, probe: str, cand: str, limit: float, unit: str, cap: int | None,
@@ -175,7 +211,7 @@ def cut_check(p: Pairing, *, check_id: str, probe: str, cand: str, limit: float,
     bar, metric = "truncation_rise_max", f"{label} cut at the cap"
     if p.cut_pairs == 0:
         return not_measured(check_id, bar, metric, probe, f"no {unit} both servers answered or cut", limit, case)
-    iv = paired_binary_interval(p.cut_pairs, p.cut_lost, p.cut_gained)
+    iv = paired_drop_interval(p.cut_pairs, p.cut_lost, p.cut_gained, limit)
     outcome = judged(iv, limit)
     cap_text = f"the {cap}-token cap" if cap else "the cap"
     text = (f"{label} cut at {cap_text}: {p.cand_cut}/{p.cut_pairs} vs reference {p.ref_cut}/{p.cut_pairs} on the "
@@ -183,17 +219,14 @@ def cut_check(p: Pairing, *, check_id: str, probe: str, cand: str, limit: float,
     if p.cand_cut:
         text += (f" ({cand}: {p.cand_cut} of {p.cut_pairs} {label} ran past {cap_text}; the reference answered "
                  f"{p.cut_lost} of them within it)")
+    if iv.lo == limit and outcome == "inconclusive":
+        text += " (Tango's lower end clears the bar, the exact test at the bar does not: not a fail)"
     check = make_check(check_id, bar, metric, probe, outcome, text, value=iv.estimate, interval=[iv.lo, iv.hi],
                        limit=limit, case=case, pairs=p.cut_pairs, candidate_cut=p.cand_cut, reference_cut=p.ref_cut,
                        lost=p.cut_lost, gained=p.cut_gained)
+    # `needed`: a candidate equal to the reference, disagreeing on the share of pairs this run saw
     return with_power(check, p.cut_pairs, unit, iv.se, None, limit, binary=True, df_kind="z",
-                      **_binary_sizing(p.cut_pairs, p.cut_lost + p.cut_gained, limit))
-
-
-def _binary_sizing(n: int, discordant: int, limit: float) -> dict[str, Any]:
-    """How `needed` sizes a 0/1 comparison for a candidate equal to the reference: pairs disagreeing
-    (both ways alike) at the share this run saw, and never fewer than a pass needs with none lost."""
-    return {"sd_unit": (discordant / n) ** 0.5, "floor": power.zero_loss_size(limit)}
+                      disagreement=(p.cut_lost + p.cut_gained) / p.cut_pairs)
 
 
 # -- needles -------------------------------------------------------------------------------------
@@ -273,11 +306,14 @@ def task_checks(inputs: dict[str, Any], cand: str, bars: Any) -> list[dict[str, 
             continue
         higher = bool(row.get("higher_is_better", True))
         observed = [float(r[1]) for r in ref_rows + cand_rows if isinstance(r, list) and len(r) == 3 and not r[2]]
-        worst = min([0.0, *observed]) if higher else max(observed, default=0.0)
+        low, high = score_range(observed)
+        # A cut answer scores the range's worst end: for a lower-is-better 0/1 metric that is 1, even when
+        # every answer within the cap scored 0 (rules/4 took the largest score seen, 0 there: a best score).
+        worst = low if higher else high
         p = pair_answers(_task_answers(ref_rows, worst), _task_answers(cand_rows, worst))
         out.append(score_check(p, check_id=check_id, bar=bar, metric=metric, probe="tasks", cand=cand, limit=limit,
                                unit="documents", cap=cap, case=task, higher_is_better=higher,
-                               label=f"{task} {metric_name}"))
+                               label=f"{task} {metric_name}", span=high - low))
         out.append(cut_check(p, check_id=f"tasks.{task}.truncation_rise", probe="tasks", cand=cand,
                              limit=bars.truncation_rise_max, unit="documents", cap=cap, case=task,
                              label=f"{task} answers"))

@@ -24,6 +24,9 @@ from kvprobe.stats.client_limit import P99_KEYS, limited, throughput_effect
 from kvprobe.verdict.checks._common import make_check, not_measured, pct
 
 GUARD_FACTOR = 2.0  # a guardrail fails only past this multiple of its bar
+# An undecided endpoint whose advice would need more than this multiple of the design's blocks is told that
+# the design cannot settle it: a count like "+24,273 blocks" (a recorded H200 run) is no advice.
+UNSETTLED_FACTOR = 10
 THROUGHPUT = "output_tokens_per_s"
 LATENCY_ENDPOINTS = {"itl_p99": ("itl_p99_s", "ITL p99"), "tpot_p99": ("tpot_p99_s", "TPOT p99"),
                      "ttft_p90": ("ttft_p90_s", "TTFT p90"), "e2e_p90": ("e2e_p90_s", "E2E p90"),
@@ -164,9 +167,12 @@ def _loss_of(log_loss: float, drop: bool) -> float:
 
 
 def endpoint_check(check_id: str, bar_name: str, metric: str, losses: list[float], dropped: int, scope_text: str,
-                   limit: float, plan: sequential.Design, *, drop: bool, stop: str | None = None) -> dict[str, Any]:
+                   limit: float, plan: sequential.Design, *, drop: bool, stop: str | None = None,
+                   cap_advice: bool = True) -> dict[str, Any]:
     """The sequential decision on one primary endpoint. `stop`: why the probe ended before n_max blocks
-    (a budget, a broken server), for the words of an undecided endpoint."""
+    (a budget, a broken server), for the words of an undecided endpoint. `cap_advice`: past
+    UNSETTLED_FACTOR x the design's blocks, say the design cannot settle it instead of a count (rules/4
+    gave the count)."""
     margin = _margin(limit, drop)
     at = sequential.settle(losses, margin, plan)
     seq: dict[str, Any] = {"design": plan.as_dict(), "blocks": len(losses), "dropped_client_limited": dropped,
@@ -208,7 +214,10 @@ def endpoint_check(check_id: str, bar_name: str, metric: str, losses: list[float
             state, why = ("spent", stop) if stop else ("open", "not yet")
         more = at.more_blocks if at.more_blocks is not None else sequential._more_blocks(
             at.n, at.mean, at.sd, margin, plan)
-        advice = f"; about {more} more blocks would settle it" if more else ""
+        if more and cap_advice and at.n + more > UNSETTLED_FACTOR * plan.n_max:
+            advice = "; this design cannot settle it: lengthen the budget or quiet the servers"
+        else:
+            advice = f"; about {more} more blocks would settle it" if more else ""
         tail = f": inconclusive ({why}{advice})" if state == "spent" else f": {why}"
     check = make_check(check_id, bar_name, metric, "load", outcome, head + dropped_text + drift_text + tail,
                        value=value, interval=interval, limit=limit, ratio=ratio,
@@ -289,12 +298,12 @@ def _p_above(diff: float, se: float, df: int) -> float:
 _NONE_DROPPED = {"dropped_client_limited": 0, "client_limited_reason": None}
 
 
-def load_checks(inputs: dict[str, Any], cand: str, bars: Any) -> list[dict[str, Any]]:
-    """The primary endpoint(s), then the guardrails."""
-    return [_NONE_DROPPED | check for check in _load_checks(inputs, cand, bars)]
+def load_checks(inputs: dict[str, Any], cand: str, bars: Any, *, cap_advice: bool = True) -> list[dict[str, Any]]:
+    """The primary endpoint(s), then the guardrails. `cap_advice`: endpoint_check's (False: rules/4's words)."""
+    return [_NONE_DROPPED | check for check in _load_checks(inputs, cand, bars, cap_advice)]
 
 
-def _load_checks(inputs: dict[str, Any], cand: str, bars: Any) -> list[dict[str, Any]]:
+def _load_checks(inputs: dict[str, Any], cand: str, bars: Any, cap_advice: bool) -> list[dict[str, Any]]:
     probe = inputs["probes"].get("load")
     if probe is None:
         from kvprobe.verdict.checks._common import probe_missing
@@ -332,7 +341,8 @@ def _load_checks(inputs: dict[str, Any], cand: str, bars: Any) -> list[dict[str,
         losses, _, dropped = blocks.losses(scope, THROUGHPUT, drop=True)
         out.append(endpoint_check("load.endpoint.throughput_drop", "throughput_drop_max",
                                   f"throughput drop, {scope_text}",
-                                  losses, dropped, scope_text, bars.throughput_drop_max, plan, drop=True, stop=stop)
+                                  losses, dropped, scope_text, bars.throughput_drop_max, plan, drop=True, stop=stop,
+                                  cap_advice=cap_advice)
                    | {"scope_cases": scope_cases, "dropped_client_limited": dropped,
                       "client_limited_reason": blocks.dropped_reason(scope, THROUGHPUT)})
         latency = design.get("latency_endpoint")
@@ -341,7 +351,7 @@ def _load_checks(inputs: dict[str, Any], cand: str, bars: Any) -> list[dict[str,
             losses, _, dropped = blocks.losses(scope, key, drop=False)
             out.append(endpoint_check(f"load.endpoint.{latency}_rise", "p99_latency_rise_max",
                                       f"{label} rise, {scope_text}", losses, dropped, scope_text,
-                                      bars.p99_latency_rise_max, plan, drop=False, stop=stop)
+                                      bars.p99_latency_rise_max, plan, drop=False, stop=stop, cap_advice=cap_advice)
                        | {"scope_cases": scope_cases, "dropped_client_limited": dropped,
                           "client_limited_reason": blocks.dropped_reason(scope, key)})
     out += _guardrails(blocks, bars, fields)

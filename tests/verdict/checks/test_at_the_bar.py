@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 from kvprobe.config import Bars, NeedleSettings
+from kvprobe.stats import paired_binary_interval
+from kvprobe.stats import paired_exact as pe
 from kvprobe.verdict import rules_v2
-from kvprobe.verdict.checks import judge_probe
+from kvprobe.verdict.checks import RULES4_PROBES, judge_probe
 
 SIMS = 2000
 NOMINAL = 0.025
@@ -75,3 +77,62 @@ def test_a_candidate_at_the_bar_passes_at_most_nominally(probe: str, n: int, p_r
     if probe == "needle" and cut_share < 1.0:
         # rules/2 dropped the cut cases and passed on a bootstrap that collapses with no lost pair
         assert old / legacy_sims > 2 * NOMINAL
+
+
+def _needle_counts(n: int, lost: int, gained: int) -> dict:
+    ref = np.array([True] * lost + [False] * gained + [True] * (n - lost - gained))
+    cand = np.array([False] * lost + [True] * gained + [True] * (n - lost - gained))
+    return _needle_inputs(ref, cand, np.zeros(n, dtype=bool))
+
+
+@pytest.mark.parametrize("n", [47, 63])
+def test_the_needle_check_fails_exactly_where_the_enumeration_says(n: int) -> None:
+    """The exact sweep (tests/stats/test_paired_exact.py) holds a candidate at the bar to 2.5% on the fail side
+    at these sizes, where Tango's lower end alone failed it 4.7-4.8% of the time: the check fails on the same
+    cells, so the sweep is the check's."""
+    bar = Bars().needle_recall_drop_max
+    for gained in range(3):
+        first = next(k for k in range(n - gained + 1) if pe.fails(n, k, gained, bar))
+        tango_first = next(k for k in range(n - gained + 1) if paired_binary_interval(n, k, gained).lo > bar)
+        at, below = (judge_probe("needle", _needle_counts(n, k, gained), "cand", Bars())[0] for k in (first, first - 1))
+        assert at["outcome"] == "fail" and below["outcome"] != "fail", (at["text"], below["text"])
+        assert first >= tango_first
+        if first > tango_first:  # Tango alone would have failed here: the words say why the check does not
+            held = judge_probe("needle", _needle_counts(n, tango_first, gained), "cand", Bars())[0]
+            assert held["outcome"] == "inconclusive" and held["interval"][0] == bar
+            assert "the exact test at the bar does not: not a fail" in held["text"]
+
+
+def _task_scores(losses: np.ndarray, rng: np.random.Generator) -> dict:
+    """Scores in [0, 1] whose reference-minus-candidate differences are `losses`."""
+    ref = rng.uniform(np.maximum(0.0, losses), np.minimum(1.0, 1.0 + losses))
+    rows = {"ref": [[i, float(r), False] for i, r in enumerate(ref)],
+            "cand": [[i, float(r - x), False] for i, (r, x) in enumerate(zip(ref, losses, strict=True))]}
+    task = {"metric": "f1", "higher_is_better": True, "servers": {name: {"rows": r} for name, r in rows.items()}}
+    return {"reference": "ref", "probes": {"tasks": {"tasks": {"qa": task}, "cap": 1024}}, "probes_status": {}}
+
+
+# Document losses with mean exactly 0.10: a tenth of documents losing the whole score (F1 from 1 to 0); a few
+# moving half the range both ways; a twentieth losing everything and the rest spread a little.
+BOUNDED = {
+    "a tenth lose all": lambda rng, n: np.where(rng.random(n) < 0.1, 1.0, 0.0),
+    "a few move half": lambda rng, n: np.select([(u := rng.random(n)) < 0.3, u < 0.4], [0.5, -0.5], 0.0),
+    "skewed": lambda rng, n: np.where(rng.random(n) < 0.05, 1.0, rng.uniform(-0.147, 0.253, n)),
+}
+
+
+@pytest.mark.parametrize("scenario", sorted(BOUNDED))
+def test_a_bounded_score_at_the_bar_passes_at_most_about_nominally(scenario: str) -> None:
+    """F1-like scores, 40 documents, a true mean loss on the 0.10 bar: Tango's interval on the losses' mass
+    passes at most about 2.5%; rules/4's t interval passed the all-or-nothing losses 8% of the time."""
+    sims, n = 600, QA_DOCUMENTS
+    rng = np.random.default_rng(20261205)
+    new = old = 0
+    for _ in range(sims):
+        inputs = _task_scores(BOUNDED[scenario](rng, n), rng)
+        new += judge_probe("tasks", inputs, "cand", Bars())[0]["outcome"] == "pass"
+        old += RULES4_PROBES["tasks"](inputs, "cand", Bars())[0]["outcome"] == "pass"
+    print(f"{scenario}: P(pass | at the bar) {new / sims:.4f} (rules/4's t interval: {old / sims:.4f})")
+    assert new / sims <= 0.03
+    if scenario == "a tenth lose all":
+        assert old / sims > 2 * NOMINAL

@@ -9,7 +9,7 @@ import pytest
 
 from kvprobe.config import Bars
 from kvprobe.verdict.build import decide
-from kvprobe.verdict.checks import judge, judge_probe
+from kvprobe.verdict.checks import RULES4_PROBES, judge, judge_probe
 
 BARS = Bars(throughput_drop_max=0.05, p99_latency_rise_max=0.10)
 DESIGN = {"endpoint": "sweep", "latency_endpoint": None, "max_blocks": 20, "look_every": 4, "repeats": None}
@@ -64,6 +64,22 @@ def test_an_undecided_endpoint_says_where_it_stands_and_what_would_settle_it() -
         spent[ENDPOINT]["text"]
     one = _checks([_case([100], [1.0])], [_case([50], [2.0])])[ENDPOINT]
     assert one["outcome"] == "inconclusive" and one["interval"] is None
+
+
+def test_advice_past_ten_times_the_designs_blocks_says_the_design_cannot_settle_it() -> None:
+    """At the bar with a wide spread, the estimate-as-truth count runs to hundreds of blocks for a design of
+    3: that is said in words (rules/4 gave the count)."""
+    design = DESIGN | {"repeats": 3}
+    ref = [_case([100, 100, 100], [1.0] * 3)]
+    cand = [_case([95 * math.exp(x) for x in _noise(3, 0.08, 4)], [1.0] * 3)]
+    inputs = _inputs(ref, cand, design=design)
+    ep = next(c for c in judge_probe("load", inputs, "cand", BARS) if c["id"] == ENDPOINT)
+    more = ep["sequential"]["look"]["more_blocks"]
+    assert ep["state"] == "spent" and more + 3 > 10 * 3
+    assert ep["text"].endswith("(all 3 blocks used; this design cannot settle it: lengthen the budget or quiet the "
+                               "servers)")
+    rules4 = next(c for c in RULES4_PROBES["load"](inputs, "cand", BARS) if c["id"] == ENDPOINT)
+    assert rules4["text"].endswith(f"(all 3 blocks used; about {more} more blocks would settle it)")
 
 
 def test_a_fixed_design_looks_once_with_the_t_quantile() -> None:
