@@ -42,6 +42,7 @@ from typing import Any
 from kvprobe.stats import sequential
 
 PILOT_BLOCKS = 2
+POWER_SIMS = 8_000  # the plan's P(pass | equal) to about +-0.005 (seeded)
 TARGET_POWER = 0.95  # P(an equal candidate passes): the shortest case length reaching it is planned
 DECIDE_POWER = 0.80  # the power at which "the smallest difference this budget can decide" is quoted
 PLAN_UCL = 0.80
@@ -122,15 +123,14 @@ def pilot_figures(cases: Iterable[dict[str, Any]], reference: str, walls: Iterab
     return Pilot(blocks, case_s, overhead, turns[len(turns) // 2] if turns else 0.0, ss / df if df else None, df)
 
 
-def _power(margin: float, sigma: float, n: int, c: float) -> float:
-    """P(pass | equal) at the final look of n blocks: t with n-1 df, noncentrality margin / (sigma/sqrt n)."""
-    from scipy.stats import nct
-
-    if n < 2 or not math.isfinite(c):
+def _power(margin: float, sigma: float, design: sequential.Design) -> float:
+    """P(pass | equal) of the design, at any of its looks, with normal block losses of spread sigma (seeded
+    simulation: the robust statistic has no closed form)."""
+    if design.n_max < 2 or not math.isfinite(design.c):
         return 0.0
     if sigma <= 0:
         return 1.0
-    return float(nct.sf(c, n - 1, margin * math.sqrt(n) / sigma))
+    return sequential.operating(design, sigma, margin, sims=POWER_SIMS)[0]
 
 
 def _z(p: float) -> float:
@@ -160,10 +160,11 @@ def plan(pilot: Pilot, *, servers: int, cases: int, scope: int, margin: float, m
         if m > 1 and n < MIN_RESIZED_BLOCKS:
             break  # fewer, longer blocks: a t on a handful of blocks has too few degrees of freedom to gain
         n = max(n, counted, 2)
-        looks = sequential.planned_looks(n, look_every)
-        c = sequential.calibrate(looks)
+        looks = sequential.planned_looks(n, look_every, statistic=sequential.STATISTIC)
+        c = sequential.calibrate(looks, statistic=sequential.STATISTIC)
         sigma = math.sqrt(var * (pilot.case_s / length) ** NOISE_EXPONENT / scope) if var is not None else None
-        power = _power(margin, sigma, n, c) if sigma is not None else None
+        power = _power(margin, sigma, sequential.Design(looks, c, statistic=sequential.STATISTIC)) \
+            if sigma is not None else None
         decidable = (c + _z(DECIDE_POWER)) * sigma / math.sqrt(n) if sigma is not None else None
         options.append(CasePlan(None if m == 1 else round(m * pilot.case_s, 2), m, n, looks, c, block_s, sigma,
                                 power, decidable, budget_s, pilot, m == 1, var))

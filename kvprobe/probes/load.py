@@ -137,9 +137,15 @@ def _cases(shapes: list[Shape]) -> list[tuple[Shape, int]]:
 
 def _order(servers: list[str], block: int) -> list[str]:
     """The servers' order in a block: a Williams design (every server in every position, and after every
-    other, equally often), so position effects and drift hit every server alike."""
+    other, equally often), so position effects and drift hit every server alike. With three servers or
+    more each Williams row runs twice, the second time reversed: every pair's order then flips block by
+    block, balanced at every even block count (a look), where the 6-row cycle alone ran a candidate before
+    the reference in 3 of the first 4 blocks."""
     rows = williams(len(servers))
-    return [servers[i] for i in rows[block % len(rows)]]
+    if len(servers) < 3:
+        return [servers[i] for i in rows[block % len(rows)]]
+    row = rows[(block // 2) % len(rows)]
+    return [servers[i] for i in (row if block % 2 == 0 else reversed(row))]
 
 
 def _rotated(cases: list[tuple[Shape, int]], block: int) -> list[tuple[Shape, int]]:

@@ -54,7 +54,10 @@ SCHEMA_2 = "kvprobe.verdict/2"
 #    Tango's interval on the losses' mass within their range with a pass at the zero-loss size at least, and a
 #    cut answer scored at the range's worst end; a 0/1 bar fails only where the exact unconditional test at the
 #    bar agrees; `needed` for paired outcomes by exact enumeration; an undecided speed endpoint whose advice
-#    passes 10x the design's blocks is told the design cannot settle it.
+#    passes 10x the design's blocks is told the design cannot settle it; a speed design declared now uses the
+#    robust statistic (kvprobe.stats.sequential: AR(1)-inflated se, c the worst over a family of skewed and
+#    correlated block noise, no look before 8 blocks; recorded as the plan's `statistic`), and a look the
+#    design did not plan quotes no boundary.
 RULES = "kvprobe.rules/5"
 RULES_4 = "kvprobe.rules/4"
 RULES_3 = "kvprobe.rules/3"

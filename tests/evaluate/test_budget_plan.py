@@ -29,8 +29,9 @@ def inventories(*rates: float) -> list[Inventory]:
 
 
 def test_the_slowest_smoke_sizes_the_plan_and_more_time_buys_more_samples() -> None:
-    _, fast = plan_budget(CONFIG, PROBES, inventories(3000, 3200), 300, 8192)
-    _, slow = plan_budget(CONFIG, PROBES, inventories(1000, 3200), 300, 8192)
+    # 600 s, not 300: the blocks to the speed design's first look (8 under rules/5) take most of 300 s
+    _, fast = plan_budget(CONFIG, PROBES, inventories(3000, 3200), 600, 8192)
+    _, slow = plan_budget(CONFIG, PROBES, inventories(1000, 3200), 600, 8192)
     assert slow.rate == pytest.approx(1000) and fast.rate == pytest.approx(3000)
     assert slow.sizes["needle"]["needles"] < fast.sizes["needle"]["needles"]
     _, longer = plan_budget(CONFIG, PROBES, inventories(1000, 3200), 900, 8192)

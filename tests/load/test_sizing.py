@@ -68,7 +68,7 @@ def test_noise_that_does_not_average_keeps_the_default_size_and_the_pilot_counts
 def test_when_max_blocks_caps_the_blocks_the_shortest_length_reaching_the_target_is_chosen(monkeypatch) -> None:
     from kvprobe.load import sizing
 
-    quieter = Pilot(**{**GPU.__dict__, "case_var": 0.1 ** 2, "df": 200})
+    quieter = Pilot(**{**GPU.__dict__, "case_var": 0.06 ** 2, "df": 200})
     kw = dict(servers=2, cases=5, scope=5, margin=MARGIN, max_blocks=12, look_every=4, budget_s=5000.0, resize=True)
     chosen = plan(quieter, **kw)
     assert chosen.max_blocks == 12 and chosen.multiplier > 1 and chosen.p_pass_equal >= TARGET_POWER

@@ -15,6 +15,7 @@ import pytest
 from kvprobe.stats import t_quantile
 from kvprobe.stats.sequential import (
     MIN_LOOK,
+    ROBUST,
     Design,
     calibrate,
     design,
@@ -128,7 +129,10 @@ def test_of_settings_reads_the_declared_design() -> None:
     class Settings:  # the attribute form (kvprobe.config.LoadSettings)
         max_blocks, look_every, repeats, latency_endpoint = 16, 4, None, None
 
-    assert of_settings(Settings()) == design(16, 4)
+    # a design declared now uses the robust statistic; a recorded plan names its own, rules/4's t when none
+    assert of_settings(Settings()) == design(16, 4, statistic=ROBUST)
+    assert of_settings(Settings()).looks == (8, 12, 16)  # no look before ROBUST_MIN_LOOK
+    assert of_settings({"max_blocks": 16, "look_every": 4, "plan": {"statistic": ROBUST}}) == of_settings(Settings())
 
 
 def test_a_second_endpoint_splits_alpha_on_the_fail_side_only() -> None:

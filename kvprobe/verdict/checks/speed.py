@@ -198,6 +198,10 @@ def endpoint_check(check_id: str, bar_name: str, metric: str, losses: list[float
     side = "pass" if at.t_pass >= at.t_fail else "fail"
     b = at.boundary if side == "pass" else plan.fail_boundary(min(at.n, plan.n_max))
     crossing = f"{side} boundary t > {b:.2f} (t = {t_best:.2f})" if math.isfinite(b) else "no boundary yet"
+    if cap_advice and not at.at_look and math.isfinite(b):
+        # rules/5: a look the design did not plan never decides, so it quotes no boundary it could seem to
+        # cross (rules/4 printed "pass boundary t > 4.86 (t = 5.30) ... inconclusive")
+        crossing = f"{at.n} blocks is not a planned look: no decision there (t = {t_best:.2f})"
     drift = seq["drift_per_block"]
     drift_text = f"; drift {pct(-drift if drop else drift)}/block (information)" if drift is not None else ""
     band = f"[{lo_r:.3f}, {hi_r:.3f}]" if bounded else "(no interval before the first look)"

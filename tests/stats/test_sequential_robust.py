@@ -1,0 +1,135 @@
+"""The robust speed statistic (rules/5, kvprobe/stats/sequential.py): AR(1)-inflated standard error, c
+calibrated as the worst over a declared family of block-loss noise, no look before 8 blocks. The
+operating characteristics over 10^5 paths per scenario are benchmarks/operating_characteristics.py's;
+here a seeded 20,000-path check per family member, on a seed other than the calibration's."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from kvprobe.stats.sequential import (
+    ALPHA,
+    FAMILY,
+    ROBUST,
+    ROBUST_MIN_LOOK,
+    Design,
+    T,
+    autocorrelation,
+    calibrate,
+    design,
+    look,
+    operating,
+    planned_looks,
+    settle,
+)
+
+MARGIN = -math.log(1 - 0.05)
+SIMS = 20_000
+MC = 3 * math.sqrt(ALPHA * (1 - ALPHA) / SIMS)  # three Monte-Carlo standard errors at alpha
+
+
+@pytest.fixture(scope="module")
+def robust() -> Design:
+    return design(20, 4, statistic=ROBUST)
+
+
+def test_no_look_before_eight_blocks() -> None:
+    assert planned_looks(20, 4, statistic=ROBUST) == (8, 12, 16, 20)
+    assert planned_looks(12, 4, statistic=ROBUST) == (8, 12)
+    assert planned_looks(7, 4, statistic=ROBUST) == (7,)  # a budget under the first look: one look, calibrated
+    assert planned_looks(20, 4, statistic=T)[0] == 4  # rules/4's t keeps its looks
+    assert all(n >= ROBUST_MIN_LOOK for n in planned_looks(40, 1, statistic=ROBUST))
+
+
+def test_the_robust_constant_is_seeded_and_costs_more_than_the_t() -> None:
+    looks = (8, 12, 16, 20)
+    c = calibrate(looks, ALPHA, ROBUST)
+    calibrate.cache_clear()
+    assert calibrate(looks, ALPHA, ROBUST) == c
+    assert c > calibrate(looks, ALPHA, T)  # the price of holding alpha over the family
+    assert calibrate(looks, ALPHA / 2, ROBUST) > c
+
+
+@pytest.mark.parametrize("member", FAMILY)
+def test_a_candidate_at_the_bar_passes_at_most_alpha_under_every_family_member(robust: Design, member: str) -> None:
+    p_pass, _, _ = operating(robust, 0.0215, MARGIN, truth=MARGIN, sims=SIMS, noise=member, seed=7)
+    assert p_pass <= ALPHA + MC, (member, p_pass)
+    # and the fail side (a candidate exactly at the bar is not worse than it)
+    _, p_fail, _ = operating(robust, 0.0215, MARGIN, truth=MARGIN, sims=SIMS, noise=member, seed=8)
+    assert p_fail <= ALPHA + MC, (member, p_fail)
+
+
+def test_the_t_alone_breaks_under_correlated_blocks() -> None:
+    """Why the robust statistic exists: rules/4's t passes a candidate at the bar far over alpha when blocks
+    are AR(1) at 0.5 (statistics-verify.md N3: 15.6%)."""
+    p_pass, _, _ = operating(design(20, 4), 0.0215, MARGIN, truth=MARGIN, sims=SIMS, noise="ar1-0.5", seed=7)
+    assert p_pass > 0.08
+
+
+def test_an_equal_candidate_still_passes_at_the_cpu_demos_spread() -> None:
+    # the CPU demo's block spread (0.027) over its 12 budgeted blocks; 20 blocks settle almost surely
+    p12, _, _ = operating(design(12, 4, statistic=ROBUST), 0.027, MARGIN, sims=SIMS)
+    p20, _, _ = operating(design(20, 4, statistic=ROBUST), 0.027, MARGIN, sims=SIMS)
+    assert 0.8 <= p12 < p20 and p20 >= 0.99
+
+
+def test_autocorrelation_is_bias_corrected_and_held() -> None:
+    assert autocorrelation([(-1) ** i for i in range(10)]) == 0.0  # alternating: negative, held at 0
+    assert autocorrelation([0.0] * 10) == 0.0
+    trend = [float(i) for i in range(10)]
+    assert 0.7 < autocorrelation(trend) <= 0.8  # a trend reads as strongly correlated, capped at RHO_CAP
+    rng = np.random.default_rng(1)
+    iid = [float(x) for x in rng.standard_normal(400)]
+    assert autocorrelation(iid) == pytest.approx(0.0, abs=0.1)
+
+
+def test_correlated_blocks_widen_the_interval(robust: Design) -> None:
+    steady = [0.0 + 0.01 * ((-1) ** i) for i in range(8)]
+    drifting = [0.0 + 0.0025 * (i - 3.5) for i in range(8)]  # smaller spread, but a run of correlated blocks
+    a, b = look(steady, MARGIN, robust), look(drifting, MARGIN, robust)
+    assert a is not None and b is not None
+    assert a.se == pytest.approx(a.sd / math.sqrt(8))  # no inflation where the blocks alternate
+    assert b.se > b.sd / math.sqrt(8) * 2  # a trend inflates it
+
+
+def test_interval_and_outcome_agree_at_every_look(robust: Design) -> None:
+    rng = np.random.default_rng(3)
+    for truth in (0.0, 0.03, MARGIN, 0.08, 0.12):
+        for _ in range(50):
+            losses = [float(x) for x in truth + 0.03 * rng.standard_normal(20)]
+            for n in robust.looks:
+                at = look(losses[:n], MARGIN, robust)
+                assert at is not None
+                assert (at.outcome == "pass") == (at.hi < MARGIN)
+                assert (at.outcome == "fail") == (at.lo > MARGIN)
+
+
+def test_zero_spread_decides_by_the_mean(robust: Design) -> None:
+    at = settle([0.0] * 8, MARGIN, robust)
+    assert at is not None and at.outcome == "pass" and at.n == 8
+    at = settle([0.2] * 8, MARGIN, robust)
+    assert at is not None and at.outcome == "fail"
+
+
+def test_a_recorded_plan_without_a_statistic_is_rules4s_t() -> None:
+    from kvprobe.stats.sequential import of_settings
+
+    assert of_settings({"max_blocks": 20, "look_every": 4}).statistic == T
+    robust = of_settings({"max_blocks": 20, "look_every": 4, "plan": {"statistic": ROBUST}})
+    assert robust.statistic == ROBUST and robust.as_dict()["statistic"] == ROBUST
+    assert "statistic" not in design(20, 4).as_dict()  # rules/4's recorded plans stay byte for byte
+
+
+@pytest.mark.parametrize("k", [3, 4, 5])
+def test_every_pair_is_balanced_at_every_even_block_count(k: int) -> None:
+    from kvprobe.probes.load import _order
+
+    servers = [f"s{i}" for i in range(k)]
+    for n in range(2, 4 * k + 1, 2):
+        orders = [_order(servers, b) for b in range(n)]
+        for a in servers[1:]:
+            first = sum(o.index(servers[0]) < o.index(a) for o in orders)
+            assert first == n // 2, (k, n, a, first)
