@@ -14,5 +14,5 @@ for pair in "$@"; do
   rc=\$?; echo \"wall \$(( \$(date +%s) - start )) s\" >>$W/$name.txt; echo \$rc > $W/$name.rc;
 "
 done
-setsid nohup bash -c "cd $W/proj; . .gpu/bin/env.sh; export COLUMNS=160; $script" >$W/series.txt 2>&1 </dev/null &
+setsid nohup ${CLIENT_CPUS:+taskset -c $CLIENT_CPUS} bash -c "cd $W/proj; . .gpu/bin/env.sh; export COLUMNS=160; $script" >$W/series.txt 2>&1 </dev/null &
 echo "started: $*"
