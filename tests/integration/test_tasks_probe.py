@@ -129,7 +129,8 @@ async def test_a_multiple_choice_task_of_ones_own_runs_through_local_completions
     assert summary["servers"][pair[0]["name"]]["accuracy"] > 0.9  # the reference picks the stated value
     check = task_check(run.read_json("verdict.json"), pair[1]["name"], "my_choice")
     assert check["value"] > 0.3  # the wrecking 2x is near chance (0.25)
-    assert check["interval_method"] == "Tango score interval for paired proportions"
+    # rules/5 names the exact unconditional test a fail also needs after the interval's name
+    assert check["interval_method"].startswith("Tango score interval for paired proportions")
 
 
 async def test_answers_the_cap_cuts_on_both_sides_are_left_out_and_counted(vllm_servers, tmp_path: Path) -> None:
