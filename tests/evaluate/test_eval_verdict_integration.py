@@ -42,9 +42,11 @@ def servers_file(vllm_servers, tmp_path_factory) -> Path:
                       for s in trio(vllm_servers))
     path.write_text("\n".join([_toml_table("perplexity", CANARY_PERPLEXITY), _toml_table("agreement", CANARY_AGREEMENT),
                                _toml_table("needle", CANARY_NEEDLE),
-                               # a fixed design of 2 blocks: these tests are of signing and resuming, and the
-                               # sequential design's own are in tests/integration/test_speed_decision.py
-                               _toml_table("load", {**CANARY_LOAD, "repeats": 2}), servers]))
+                               # a fixed design of 2 blocks, advisory: these tests are of signing and resuming, and
+                               # the sequential design's own are in tests/integration/test_speed_decision.py. Gating,
+                               # two blocks on a busy 2-core box decided fp8's speed one way in one run and the other
+                               # in its resumed twin (ratio 0.93 [0.26, 3.39] vs 0.905 [0.875, 0.936], t 18 > 12.71)
+                               _toml_table("load", {**CANARY_LOAD, "repeats": 2, "advisory": "true"}), servers]))
     return path
 
 
