@@ -375,9 +375,17 @@ def _time(seconds: list[float] | None) -> str:
 def lines(data: dict[str, Any]) -> list[str]:
     """The power block (PowerPlan.as_dict) as the lines `check` and `eval` print, each starting `power:`."""
     a = data["assumed"]
-    out = [f"power: P(pass | equal) per gating check, for a candidate equal to the reference: 0/1 answers flipping "
-           f"at d = {a['disagreement']:.1%} (half lost, half gained), cut answers at {a['cut_disagreement']:.1%}, "
-           f"perplexity passages spread {a['passage_spread']:.2%}, speed blocks spread {a['block_spread']:g}"]
+    probes = {c["probe"] for c in data["checks"]}
+    model = []
+    if probes & {"needle", "tasks"}:
+        model.append(f"0/1 answers flipping at d = {a['disagreement']:.1%} (half lost, half gained), answers cut at "
+                     f"the cap at {a['cut_disagreement']:.1%}")
+    if "perplexity" in probes:
+        model.append(f"passages' perplexity rise spread {a['passage_spread']:.2%}")
+    if "load" in probes:
+        model.append(f"speed blocks spread {a['block_spread']:g} (log ratio, {a['speed_sims']:,} seeded runs)")
+    out = ["power: P(pass | equal) per gating check, for a candidate equal to the reference"
+           + (f": {'; '.join(model)}" if model else "")]
     for c in data["checks"]:
         out.append(f"power:   {c['id']:<34} {c['n']:>5,} {c['unit']:<9} {c['p_pass']:.3f}")
     for why in data["not_in_product"]:
