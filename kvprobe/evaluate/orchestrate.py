@@ -54,6 +54,29 @@ def say_sizing(ctx: EvalContext, probes: list[str]) -> None:
             ctx.run.event("sizing_note", text=line)
 
 
+def say_power(ctx: EvalContext, inventories: list[Inventory], probes: list[str]) -> None:
+    """The plan's power for a candidate equal to the reference and, under 0.8, the sizes that would reach it
+    (kvprobe.evaluate.power_plan), said before the probes start and kept in the events log as `power_plan`.
+    Each size is costed at the slowest first-prefill smoke's speed, when one was measured."""
+    from kvprobe.evaluate.power_plan import lines, plan_power
+    from kvprobe.run.budget import Speed, smoke_rate
+
+    documents = None
+    if "tasks" in probes:
+        from kvprobe.probes.tasks import preflight
+
+        documents = {info.name: info.documents for info in preflight(ctx.config)}  # cached: no second load
+    lengths = [inv.max_model_len for inv in inventories if inv.serving and inv.max_model_len]
+    rate = smoke_rate(inventories)
+    plan = plan_power(ctx.config, probes, documents=documents, max_model_len=min(lengths, default=8192),
+                      speeds=(Speed(rate),) if rate else ())
+    data = plan.as_dict()
+    for line in lines(data):
+        ctx.console.print(escape(line), highlight=False, soft_wrap=True)
+    if next(ctx.run.events("power_plan"), None) is None:  # a resumed run recorded it when it started
+        ctx.run.event("power_plan", **data)
+
+
 def ask_fit(view: Any, probes: list[str]) -> tuple[dict[str, str], list[str]]:
     """(probe -> why a kvprobe default cannot fit, problems of the operator's own settings): each requested
     probe's fit check on `view` (an EvalContext, or anything with its config and inventories)."""
@@ -210,6 +233,7 @@ async def _probe_phase(ctx: EvalContext, inventories: list[Inventory], probes: l
     runnable = [p for p in probes if p not in skipped]  # the budget plans no time for the rest
     if advise:
         say_sizing(ctx, runnable)
+        say_power(ctx, inventories, runnable)
     budget = _Budget(ctx, inventories, deadline, runnable) if deadline is not None else None
     if budget is not None:
         budget.plan(runnable)

@@ -34,6 +34,8 @@ from urllib.parse import urlparse
 from kvprobe import knob as knobs
 from kvprobe.config import Config, NeedleSettings, Server, shared_urls, unset_keys
 from kvprobe.errors import ConfigError, KvprobeError, NotModelled, ServerError
+from kvprobe.evaluate import power_plan
+from kvprobe.evaluate.power_plan import span
 from kvprobe.probes import PROBES, default_probes, ordered
 from kvprobe.probes import load as load_probe
 from kvprobe.run.budget import Speed
@@ -49,8 +51,6 @@ SLOW = Speed(1_000.0, 0.03)
 SLOW_LOAD_DECODE_S = 0.01
 # A context to cost prompts with when none is known: vLLM's common default for small models.
 ASSUMED_MAX_MODEL_LEN = 8192
-# The shipped kvprobe_qa documents are 80-1,000 tokens; a task of one's own is costed the same way.
-TASK_PROMPT_TOKENS = 500
 REACH_TIMEOUT_S = 30.0
 
 
@@ -276,21 +276,7 @@ def cannot_adopt(config: Config, chosen: list[str], not_measured: dict[str, str]
 
 # -- sizes ---------------------------------------------------------------------------------------
 
-def _perplexity_passages(config: Config) -> tuple[int | None, str]:
-    from kvprobe.config import check_passages
-    from kvprobe.corpus import TASKS_DIR
-
-    settings = config.perplexity
-    if settings.passages:
-        count: int | None = check_passages(Path(settings.passages))
-        source = f"passages {settings.passages}"
-    elif settings.include_path:
-        count, source = None, f"task {settings.task} in {settings.include_path}"
-    else:
-        count, source = check_passages(TASKS_DIR / "perplexity" / "passages.jsonl"), f"shipped {settings.task}"
-    if settings.limit is not None:
-        count = min(count, settings.limit) if count is not None else settings.limit
-    return count, source
+_perplexity_passages = power_plan.planned_passages
 
 
 def needle_grid(settings: NeedleSettings, context: Context) -> dict[str, Any]:
@@ -373,8 +359,6 @@ def _seconds(config: Config, probes: list[str], sizes: dict[str, Any], servers: 
     """Seconds per probe at one assumed speed, the whole configured size rather than the canary's: the
     probes' own cost models (prefill tokens over the servers, a decode allowance per answer), task
     documents costed like needles, and the load probe over its design."""
-    from kvprobe.probes.needle import NEEDLE_ANSWER_TOKENS
-
     rate, decode = speed
     smoke = config.smoke
     out = {"inventory": max_model_len * smoke.prompt_fraction / rate + smoke.max_tokens * decode}
@@ -383,8 +367,7 @@ def _seconds(config: Config, probes: list[str], sizes: dict[str, Any], servers: 
             out[probe] = cost(config, servers, speed, max_model_len).seconds(WHOLE_SIZE[probe](config, sizes))
         elif probe == "tasks":
             documents = sum((sizes["tasks"]["documents"] or {}).values()) or 40 * len(config.tasks.names)
-            answer = NEEDLE_ANSWER_TOKENS * decode
-            out["tasks"] = documents * servers * (TASK_PROMPT_TOKENS / rate + answer) / config.tasks.num_concurrent
+            out["tasks"] = power_plan.task_seconds(config, documents, servers, speed)
         elif probe == "load":
             load_decode = SLOW_LOAD_DECODE_S if slow else decode
             out["load"] = load_probe.rough_seconds(config, servers, rate, load_decode)[1 if slow else 0]
@@ -410,21 +393,14 @@ def estimate(config: Config, probes: list[str], sizes: dict[str, Any], context: 
     }
 
 
-def duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
-def span(low: float, high: float) -> str:
-    a, b = duration(low), duration(high)
-    if a == b:
-        return f"~{a}"
-    if a.split()[-1] == b.split()[-1]:
-        return f"{a.split()[0]}-{b}"
-    return f"{a} to {b}"
+def power_of(config: Config, probes: list[str], sizes: dict[str, Any], documents: dict[str, int],
+             context: Context) -> dict[str, Any]:
+    """The plan's power for a candidate equal to the reference (kvprobe.evaluate.power_plan), each size that
+    would reach 0.8 costed at the fast and the slow assumed speed."""
+    passages = (sizes.get("perplexity") or {}).get("passages")
+    plan = power_plan.plan_power(config, probes, documents=documents, passages=passages,
+                                 max_model_len=context.tightest or ASSUMED_MAX_MODEL_LEN, speeds=(FAST, SLOW))
+    return plan.as_dict()
 
 
 # -- the whole plan ------------------------------------------------------------------------------
@@ -483,6 +459,7 @@ def build_plan(config: Config, source: str, probes: str | None = None, max_model
         "reach": [r.as_dict() for r in reached] if reached is not None else None,
         "notes": notes,
         "estimate": estimate(config, runnable, sizes, context) if not problems else None,
+        "power": power_of(config, runnable, sizes, documents, context) if not problems else None,
         "problems": problems,
         "warnings": warnings,
     }
@@ -596,4 +573,6 @@ def describe(data: dict[str, Any]) -> list[str]:
             f"tokens/s and {assumed['s_per_decoded_token'][0] * 1000:.0f}-"
             f"{assumed['s_per_decoded_token'][1] * 1000:.0f} ms a decoded token, assumed: no server was measured"
             f"{length}{left}; `kvprobe canary --budget` sizes a run from a real first-prefill smoke")
+    if data.get("power"):
+        lines += power_plan.lines(data["power"])
     return lines

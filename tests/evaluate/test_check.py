@@ -119,6 +119,33 @@ def test_the_plan_as_json(tmp_path: Path) -> None:
     assert set(data["bars"]) >= {"perplexity_delta_max", "needle_recall_drop_max", "capacity_gain_min"}
 
 
+def test_the_plan_says_its_power_and_the_sizes_that_would_reach_0_8(tmp_path: Path) -> None:
+    """The default probes on two servers: perplexity, the two needle checks and the speed endpoint gate;
+    each figure is the project's own function's, and their product is under 0.8 at 40 needles."""
+    from kvprobe.evaluate.power_plan import binary_pass, perplexity_pass
+
+    result = check(str(write(tmp_path, SERVERS)), "--max-model-len", "8192", "--json")
+    assert result.exit_code == 0, result.output
+    power = json.loads(result.stdout)["power"]
+    p = {c["id"]: c["p_pass"] for c in power["checks"]}
+    assert list(p) == ["perplexity.delta", "needle.recall_drop", "needle.truncation_rise",
+                       "load.endpoint.throughput_drop"]
+    assert p["needle.recall_drop"] == p["needle.truncation_rise"] == binary_pass(40, 0.10, 0.05)
+    assert p["perplexity.delta"] == perplexity_pass(16, 0.01)
+    assert power["p_adopt_equal"] == pytest.approx(p["perplexity.delta"] * p["needle.recall_drop"] ** 2
+                                                   * p["load.endpoint.throughput_drop"])
+    assert power["p_adopt_equal"] < 0.8 and power["reaches_target"] is False and power["independent"] is True
+    assert power["assumed"]["disagreement"] == 0.05 and power["assumed"]["block_spread"] == 0.0215
+    would = power["would_reach"]
+    assert would["p_adopt_equal"] >= 0.8 and would["why_not"] is None
+    needle = next(s for s in would["sizes"] if s["setting"] == "needle.count")
+    assert needle["have"] == 40 and needle["need"] > 40
+    assert len(needle["seconds_need"]) == 2 and needle["seconds_need"][1] > needle["seconds_have"][1] > 0
+    text = check(str(write(tmp_path, SERVERS)), "--max-model-len", "8192").stdout
+    assert f"power: P(adopt | equal) = {power['p_adopt_equal']:.3f}" in text
+    assert "power: cannot reach 0.8: " in text and f"needle.count 40 -> {needle['need']}" in text
+
+
 def test_sizes_that_cannot_pass_a_bar_are_said_as_eval_says_them(tmp_path: Path) -> None:
     result = check(str(write(tmp_path, "[needle]\ncount = 20\n" + SERVERS)), "--max-model-len", "8192")
     assert result.exit_code == 0, result.output

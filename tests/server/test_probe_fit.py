@@ -338,6 +338,30 @@ async def test_bars_the_sizes_cannot_pass_are_said_up_front_and_kept(tmp_path: P
     assert kinds(run).index("sizing_note") < kinds(run).index("needle_case")
 
 
+async def test_the_plans_power_is_said_up_front_and_kept(tmp_path: Path) -> None:
+    """20 needles pass a 0.10 bar only when gained pairs offset the lost (none lost of 20 cannot pass): an
+    equal candidate passes both needle checks together under 1% of the time, and the line names the needles
+    that reach 0.8, the fewest at which both pass together that often."""
+    from kvprobe.evaluate.power_plan import binary_pass, fewest_reaching
+
+    _, run, printed = await evaluate(tmp_path, fleet(max_model_len=4096), ["capacity", "needle"],
+                                     needle={"count": 20})
+    events = list(run.events("power_plan"))
+    assert len(events) == 1
+    plan = events[0]
+    assert [c["id"] for c in plan["checks"]] == ["needle.recall_drop", "needle.truncation_rise"]
+    each = binary_pass(20, 0.1, 0.05)
+    assert 0.0 < each < 0.1
+    assert plan["p_adopt_equal"] == pytest.approx(each ** 2) and not plan["reaches_target"]
+    assert f"power: P(adopt | equal) = {each ** 2:.3f}" in printed
+    need = fewest_reaching(lambda n: binary_pass(n, 0.1, 0.05) ** 2, 0.8, 20)
+    assert need is not None and binary_pass(need - 1, 0.1, 0.05) ** 2 < 0.8 <= binary_pass(need, 0.1, 0.05) ** 2
+    assert [(r["setting"], r["have"], r["need"]) for r in plan["would_reach"]["sizes"]] == [("needle.count", 20, need)]
+    assert plan["would_reach"]["p_adopt_equal"] >= 0.8
+    assert f"needle.count 20 -> {need}" in printed
+    assert kinds(run).index("power_plan") < kinds(run).index("needle_case")
+
+
 async def test_the_canary_says_nothing_of_its_deliberately_small_sizes(tmp_path: Path) -> None:
     config = canary_config(parse_config({"server": SERVERS}))
     console = Console(file=io.StringIO(), width=400)

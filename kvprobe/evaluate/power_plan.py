@@ -1,0 +1,409 @@
+"""Before the run: how often this plan adopts a candidate equal to the reference, and, when under 0.8, the
+sizes that would reach 0.8 and the time they cost.
+
+An equal candidate is one the bars should let through. It still differs from the reference by chance, so
+each gating check is a gamble with a pass probability the plan's sizes set. Each is computed by the
+project's own rule at a stated spread, never a normal approximation of it:
+
+- a paired 0/1 bar (needle recall, a task's score, the answers cut at the cap, each over the same pairs):
+  each pair flips at random with probability d (DISAGREEMENT, 5%), half of them lost and half gained,
+  and the check passes when Tango's upper end is within the bar: exact, summed over every (lost, gained)
+  count (kvprobe.stats.paired_exact.equal_pass_probability). A bounded non-0/1 score is judged on its
+  losses' mass, for which the 0/1 case is the widest: its figure is a floor;
+- perplexity: passages whose log-perplexity rise per byte spreads PASSAGE_SPREAD around 0, on a reference
+  that repeats itself exactly (the CPU build does); the t interval's upper end within log(1 + bar) is a
+  noncentral t event, and fewer than MIN_PASSAGES passages never pass;
+- speed: the declared sequential design (kvprobe.stats.sequential.of_settings) simulated by
+  `operating` at a block spread of BLOCK_SPREAD, seeded, over the whole design (a budget_s may stop it
+  sooner).
+
+P(adopt | equal) is the product of the gating checks' probabilities: it treats them as independent. The
+capacity gain is no sampled figure (a candidate frees memory or does not) and an agreement bar has no
+stated spread: neither is in the product, and the plan says so.
+
+When the product is under 0.8 the probes that can be enlarged (needles, each task's documents,
+perplexity passages) share what the fixed checks leave equally: each is grown to the fewest units at
+which its own checks reach (0.8 / fixed)^(1/k), a probe already there kept at its size and its share
+given to the rest. Each size is costed by the probe's own model (its module's budget_cost, the task
+documents as `kvprobe check` costs them) at the speeds the caller gives.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvprobe.config import Config
+from kvprobe.run.budget import Speed
+from kvprobe.stats import paired_exact, sequential, t_quantile
+from kvprobe.verdict.checks import MIN_PASSAGES
+
+TARGET = 0.8
+DISAGREEMENT = 0.05
+# The sd of one block's sweep-mean log throughput ratio on the CPU demo (benchmarks/speed_decision.py,
+# DEMO_SIGMA): nothing is measured before the load probe's pilot.
+BLOCK_SPREAD = 0.0215
+# The sd of a passage's log-perplexity rise per byte, fp8 against auto on the Xeon demo
+# (tests/fixtures/runs/xeon-amx-demo; its delta's se over 16 passages was 0.28%).
+PASSAGE_SPREAD = 0.0112
+SPEED_SIMS = 2_000  # P(pass | equal) to about +-0.01 where it matters; `check` stays quick
+SPEED_SEED = 20261207
+# The shipped kvprobe_qa documents are 80-1,000 tokens; a task of one's own is costed the same way.
+TASK_PROMPT_TOKENS = 500
+MAX_UNITS = paired_exact.MAX_PAIRS
+
+
+@functools.lru_cache(maxsize=8192)
+def binary_pass(n: int, bar: float, disagreement: float) -> float:
+    """P(pass | equal) of a paired 0/1 bar over n pairs, exactly."""
+    if n < 1 or bar <= 0:
+        return 0.0  # a bar of 0 can only fail or be inconclusive
+    return min(1.0, paired_exact.equal_pass_probability(n, bar, disagreement))
+
+
+@functools.lru_cache(maxsize=4096)
+def perplexity_pass(n: int, bar: float, spread: float = PASSAGE_SPREAD) -> float:
+    """P(pass | equal) of the perplexity bar over n passages of equal weight: the t interval's upper end
+    (n - 1 df) under log(1 + bar) when the true rise is 0, a noncentral t tail."""
+    from scipy import stats as st
+
+    if n < MIN_PASSAGES or bar <= 0:
+        return 0.0
+    if spread <= 0:
+        return 1.0
+    ncp = math.log1p(bar) * math.sqrt(n) / spread
+    return float(st.nct.sf(t_quantile(0.975, n - 1), n - 1, ncp))
+
+
+def _perplexity_at(n: int, *, bar: float, spread: float) -> float:
+    return perplexity_pass(n, bar, spread)
+
+
+@functools.lru_cache(maxsize=64)
+def _speed_pass(design: sequential.Design, spread: float, margin: float) -> float:
+    return sequential.operating(design, spread, margin, 0.0, SPEED_SIMS, "normal", SPEED_SEED)[0]
+
+
+def speed_pass(load: Any, bar: float, spread: float = BLOCK_SPREAD, *, drop: bool = True) -> float:
+    """P(pass | equal) of one speed endpoint under the declared design, simulated (seeded)."""
+    if bar <= 0:
+        return 0.0
+    margin = -math.log1p(-bar) if drop else math.log1p(bar)
+    return _speed_pass(sequential.of_settings(load), spread, margin)
+
+
+@dataclass(frozen=True)
+class CheckPower:
+    """One gating check's pass probability for an equal candidate at the plan's size."""
+
+    id: str
+    bar: str
+    limit: float
+    probe: str
+    n: int
+    unit: str
+    p_pass: float
+
+
+@dataclass(frozen=True)
+class Resize:
+    """What one enlargeable probe would need: its size now, the size that reaches its share, and their time
+    (seconds at each speed the caller gave)."""
+
+    probe: str
+    setting: str
+    unit: str
+    have: int
+    need: int | None
+    p_have: float
+    p_need: float | None
+    seconds_have: list[float]
+    seconds_need: list[float] | None
+    note: str | None = None
+
+
+@dataclass
+class PowerPlan:
+    checks: list[CheckPower]
+    p_adopt: float
+    assumed: dict[str, Any]
+    not_in_product: list[str] = field(default_factory=list)
+    resizes: list[Resize] = field(default_factory=list)
+    p_adopt_resized: float | None = None
+    why_not: str | None = None  # under TARGET and no size reaches it
+
+    @property
+    def reaches(self) -> bool:
+        return self.p_adopt >= TARGET
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"target": TARGET, "assumed": self.assumed, "independent": True,
+                "checks": [asdict(c) for c in self.checks], "p_adopt_equal": self.p_adopt,
+                "reaches_target": self.reaches, "not_in_product": self.not_in_product,
+                "would_reach": None if self.reaches else {
+                    "sizes": [asdict(r) for r in self.resizes if r.need != r.have],
+                    "p_adopt_equal": self.p_adopt_resized, "why_not": self.why_not}}
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """A probe whose size sets some gating checks' power: P at n is the product of theirs."""
+
+    probe: str
+    setting: str
+    unit: str
+    have: int
+    checks: tuple[tuple[str, str, float], ...]  # (id, bar name, limit)
+    p_at: Callable[[int], float]
+    most: int | None = None  # what its source holds (the shipped task's documents), if known
+    source: str = ""
+
+
+def _binary_unit(probe: str, setting: str, unit: str, have: int, checks: list[tuple[str, str, float]],
+                 d: float, d_cut: float, most: int | None = None, source: str = "") -> _Unit:
+    def p_at(n: int) -> float:
+        return math.prod(binary_pass(n, limit, d_cut if bar == "truncation_rise_max" else d)
+                         for _, bar, limit in checks)
+    return _Unit(probe, setting, unit, have, tuple(checks), p_at, most, source)
+
+
+def planned_passages(config: Config) -> tuple[int | None, str]:
+    """The perplexity passages a run scores and where they come from (None: a task of one's own, counted
+    only when lm-eval loads it)."""
+    from kvprobe.config import check_passages
+    from kvprobe.corpus import TASKS_DIR
+
+    settings = config.perplexity
+    if settings.passages:
+        count: int | None = check_passages(Path(settings.passages))
+        source = f"passages {settings.passages}"
+    elif settings.include_path:
+        count, source = None, f"task {settings.task} in {settings.include_path}"
+    else:
+        count, source = check_passages(TASKS_DIR / "perplexity" / "passages.jsonl"), f"shipped {settings.task}"
+    if settings.limit is not None:
+        count = min(count, settings.limit) if count is not None else settings.limit
+    return count, source
+
+
+def task_seconds(config: Config, documents: int, servers: int, speed: Speed) -> float:
+    """Task documents costed like needles: a prompt of TASK_PROMPT_TOKENS and an answer on every server."""
+    from kvprobe.probes.needle import NEEDLE_ANSWER_TOKENS
+
+    answer = NEEDLE_ANSWER_TOKENS * speed.s_per_decoded_token
+    return documents * servers * (TASK_PROMPT_TOKENS / speed.prompt_tokens_per_s + answer) / config.tasks.num_concurrent
+
+
+def unit_seconds(config: Config, probe: str, n: int, servers: int, speed: Speed, max_model_len: int) -> float:
+    """Seconds of `probe` at n of its units, by its module's own cost model."""
+    from kvprobe.probes import PROBES
+
+    if probe.startswith("tasks"):
+        return task_seconds(config, n, servers, speed)
+    cost = PROBES[probe].budget_cost
+    return cost(config, servers, speed, max_model_len).seconds(n) if cost is not None else 0.0
+
+
+def _units(config: Config, probes: Sequence[str], documents: dict[str, int], passages: int | None,
+           d: float, d_cut: float, spread: float) -> tuple[list[_Unit], list[str]]:
+    bars, units, left = config.bars, [], []
+    if "perplexity" in probes:
+        if passages is None:
+            left.append("perplexity.delta: its passages are counted only when lm-eval loads the task")
+        else:
+            limit = bars.perplexity_delta_max
+            # With a limit the source may hold more than the run scores: how many is not known here.
+            _, source = planned_passages(config)
+            units.append(_Unit("perplexity", "perplexity passages", "passages", passages,
+                               (("perplexity.delta", "perplexity_delta_max", limit),),
+                               functools.partial(_perplexity_at, bar=limit, spread=spread),
+                               passages if config.perplexity.limit is None else None, source))
+    if "needle" in probes:
+        units.append(_binary_unit("needle", "needle.count", "needles", config.needle.count,
+                                  [("needle.recall_drop", "needle_recall_drop_max", bars.needle_recall_drop_max),
+                                   ("needle.truncation_rise", "truncation_rise_max", bars.truncation_rise_max)],
+                                  d, d_cut))
+    if "tasks" in probes:
+        for task, count in sorted(documents.items()):
+            limit = bars.task_bar(task)
+            if limit is None:
+                continue
+            most = count if config.tasks.limit is None else None
+            units.append(_binary_unit(f"tasks.{task}", f"{task} documents", "documents", count,
+                                      [(f"tasks.{task}.drop", "task_accuracy_drop_max", limit),
+                                       (f"tasks.{task}.truncation_rise", "truncation_rise_max",
+                                        bars.truncation_rise_max)], d, d_cut, most, task))
+    if "agreement" in probes:
+        left += [f"agreement {b}: no stated spread to model it" for b in ("kl_mean_max", "top1_agreement_min")
+                 if getattr(bars, b) is not None]
+    if "capacity" in probes:
+        left.append(f"capacity_gain_min {bars.capacity_gain_min:g}: not sampled (a candidate frees memory or not)")
+    return units, left
+
+
+def _unit_checks(unit: _Unit, n: int, d: float, d_cut: float, spread: float) -> list[CheckPower]:
+    out = []
+    for check_id, bar, limit in unit.checks:
+        if bar == "perplexity_delta_max":
+            p = perplexity_pass(n, limit, spread)
+        else:
+            p = binary_pass(n, limit, d_cut if bar == "truncation_rise_max" else d)
+        out.append(CheckPower(check_id, bar, limit, unit.probe.split(".")[0], n, unit.unit, p))
+    return out
+
+
+def fewest_reaching(p_at: Callable[[int], float], target: float, start: int) -> int | None:
+    """The fewest n >= start with p_at(n) >= target: every n up to LINEAR_UP_TO, then 5% steps and a
+    bisection (the pass probabilities are sawtooths in n, as paired_exact.equal_size says)."""
+    top = min(paired_exact.LINEAR_UP_TO, MAX_UNITS)
+    for n in range(max(1, start), top + 1):
+        if p_at(n) >= target:
+            return n
+    below = max(top, start)
+    while below < MAX_UNITS:
+        above = min(MAX_UNITS, math.ceil(below * 1.05))
+        if p_at(above) >= target:
+            while above - below > 1:
+                mid = (above + below) // 2
+                below, above = (below, mid) if p_at(mid) >= target else (mid, above)
+            return above
+        below = above
+    return None
+
+
+def _share(units: list[_Unit], fixed: float) -> dict[str, int | None]:
+    """Each unit's size: those under an equal share of what the fixed checks leave grow to reach it, those
+    over it keep their size and give their share to the rest."""
+    kept: dict[str, int] = {}
+    while True:
+        grow = [u for u in units if u.probe not in kept]
+        held = fixed * math.prod(u.p_at(u.have) for u in units if u.probe in kept)
+        if not grow or held <= 0:
+            return {**kept, **{u.probe: None for u in grow}}
+        share = (TARGET / held) ** (1 / len(grow))
+        if share > 1:
+            return {**kept, **{u.probe: None for u in grow}}
+        over = [u for u in grow if u.p_at(u.have) >= share]
+        if not over:
+            return {**kept, **{u.probe: fewest_reaching(u.p_at, share, u.have) for u in grow}}
+        kept.update({u.probe: u.have for u in over})
+
+
+def plan_power(config: Config, probes: Sequence[str], *, documents: dict[str, int] | None = None,
+               passages: int | None = None, servers: int | None = None, max_model_len: int = 8192,
+               speeds: Sequence[Speed] = (), disagreement: float = DISAGREEMENT, cut_disagreement: float | None = None,
+               passage_spread: float = PASSAGE_SPREAD, block_spread: float = BLOCK_SPREAD) -> PowerPlan:
+    """The power of `probes` as `config` sizes them. `documents`: each task's documents (its preflight);
+    `passages`: the perplexity passages (planned_passages when None); `speeds`: what each size is costed
+    at (none: no time); `cut_disagreement`: the share of cut-at-the-cap answers that flip (default d)."""
+    d = disagreement
+    d_cut = d if cut_disagreement is None else cut_disagreement
+    servers = servers or len(config.servers)
+    if passages is None and "perplexity" in probes:
+        passages = planned_passages(config)[0]
+    units, left = _units(config, probes, documents or {}, passages, d, d_cut, passage_spread)
+    checks = [c for u in units for c in _unit_checks(u, u.have, d, d_cut, passage_spread)]
+    load = config.load
+    if "load" in probes and not load.advisory:
+        checks.append(CheckPower("load.endpoint.throughput_drop", "throughput_drop_max",
+                                 config.bars.throughput_drop_max, "load", load.blocks, "blocks",
+                                 speed_pass(load, config.bars.throughput_drop_max, block_spread)))
+        if load.latency_endpoint:
+            # Its own spread is not known before the pilot: the throughput's, stated.
+            checks.append(CheckPower(f"load.endpoint.{load.latency_endpoint}_rise", "p99_latency_rise_max",
+                                     config.bars.p99_latency_rise_max, "load", load.blocks, "blocks",
+                                     speed_pass(load, config.bars.p99_latency_rise_max, block_spread, drop=False)))
+    assumed = {"disagreement": d, "cut_disagreement": d_cut, "passage_spread": passage_spread,
+               "block_spread": block_spread, "speed_sims": SPEED_SIMS,
+               "speeds": [{"prompt_tokens_per_s": s.prompt_tokens_per_s, "s_per_decoded_token": s.s_per_decoded_token}
+                          for s in speeds]}
+    out = PowerPlan(checks, math.prod(c.p_pass for c in checks), assumed, left)
+    if out.reaches or not units:
+        if not out.reaches:
+            out.why_not = "no planned probe's size can be raised to reach it"
+        return out
+
+    def seconds(probe: str, n: int) -> list[float]:
+        return [unit_seconds(config, probe, n, servers, s, max_model_len) for s in speeds]
+
+    fixed = math.prod(c.p_pass for c in checks if c.probe == "load")
+    sizes = _share(units, fixed)
+    for u in units:
+        need = sizes[u.probe]
+        note = None
+        if need is not None and u.most is not None and need > u.most:
+            note = (f"{u.source or u.probe} has {u.most} {u.unit}: more needs {u.unit} of your own"
+                    if u.unit == "documents" else f"the {u.source} set has {u.most}: give passages of your own")
+        out.resizes.append(Resize(u.probe, u.setting, u.unit, u.have, need, u.p_at(u.have),
+                                  u.p_at(need) if need is not None else None, seconds(u.probe, u.have),
+                                  seconds(u.probe, need) if need is not None else None, note))
+    if any(r.need is None for r in out.resizes):
+        out.why_not = ("the checks that cannot be resized hold it under 0.8" if fixed < TARGET
+                       else f"no size up to {MAX_UNITS:,} reaches it")
+        return out
+    out.p_adopt_resized = fixed * math.prod(r.p_need or 0.0 for r in out.resizes)
+    return out
+
+
+# -- words ---------------------------------------------------------------------------------------
+
+def duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def span(low: float, high: float) -> str:
+    a, b = duration(low), duration(high)
+    if a == b:
+        return f"~{a}"
+    if a.split()[-1] == b.split()[-1]:
+        return f"{a.split()[0]}-{b}"
+    return f"{a} to {b}"
+
+
+def _time(seconds: list[float] | None) -> str:
+    return span(min(seconds), max(seconds)) if seconds else ""
+
+
+def lines(data: dict[str, Any]) -> list[str]:
+    """The power block (PowerPlan.as_dict) as the lines `check` and `eval` print, each starting `power:`."""
+    a = data["assumed"]
+    probes = {c["probe"] for c in data["checks"]}
+    model = []
+    if probes & {"needle", "tasks"}:
+        model.append(f"0/1 answers flipping at d = {a['disagreement']:.1%} (half lost, half gained), answers cut at "
+                     f"the cap at {a['cut_disagreement']:.1%}")
+    if "perplexity" in probes:
+        model.append(f"passages' perplexity rise spread {a['passage_spread']:.2%}")
+    if "load" in probes:
+        model.append(f"speed blocks spread {a['block_spread']:g} (log ratio, {a['speed_sims']:,} seeded runs)")
+    out = ["power: P(pass | equal) per gating check, for a candidate equal to the reference"
+           + (f": {'; '.join(model)}" if model else "")]
+    for c in data["checks"]:
+        out.append(f"power:   {c['id']:<34} {c['n']:>5,} {c['unit']:<9} {c['p_pass']:.3f}")
+    for why in data["not_in_product"]:
+        out.append(f"power:   not in the product: {why}")
+    out.append(f"power: P(adopt | equal) = {data['p_adopt_equal']:.3f} (the product: the checks taken as "
+               "independent)")
+    would = data["would_reach"]
+    if would is None:
+        return out
+    if would["why_not"]:
+        out.append(f"power: cannot reach {data['target']:g}: {would['why_not']}")
+        return out
+    parts = []
+    for r in would["sizes"]:
+        cost = f", {_time(r['seconds_need'])} (now {_time(r['seconds_have'])})" if r["seconds_need"] else ""
+        note = f"; {r['note']}" if r["note"] else ""
+        parts.append(f"{r['setting']} {r['have']:,} -> {r['need']:,} (P {r['p_have']:.3f} -> {r['p_need']:.3f}"
+                     f"{cost}{note})")
+    out.append(f"power: cannot reach {data['target']:g}: " + "; ".join(parts)
+               + f" would give P(adopt | equal) = {would['p_adopt_equal']:.3f}")
+    return out

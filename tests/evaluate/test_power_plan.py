@@ -1,0 +1,148 @@
+"""The plan's power for a candidate equal to the reference (kvprobe.evaluate.power_plan): each gating check's
+P(pass | equal) by the project's own rules, their product, and the sizes that reach 0.8. Nothing is measured."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvprobe.config import Bars, load_config
+from kvprobe.evaluate import power_plan as pp
+from kvprobe.run.budget import Speed
+from kvprobe.stats import paired_exact
+from kvprobe.verdict.checks.quality import perplexity_check
+
+SHIPPED = Path(__file__).parents[2] / "servers.toml"
+PROBES = ["capacity", "perplexity", "agreement", "needle", "tasks", "load"]
+QA_DOCUMENTS = 40  # the shipped kvprobe_qa task's documents (tasks/qa/qa.jsonl)
+SPEEDS = (Speed(20_000.0, 0.005), Speed(1_000.0, 0.03))
+
+
+@pytest.fixture(scope="module")
+def shipped() -> pp.PowerPlan:
+    return pp.plan_power(load_config(SHIPPED), PROBES, documents={"kvprobe_qa": QA_DOCUMENTS}, speeds=SPEEDS)
+
+
+def test_the_shipped_plan_falls_short_of_0_8_by_the_projects_own_figures(shipped: pp.PowerPlan) -> None:
+    p = {c.id: c.p_pass for c in shipped.checks}
+    assert list(p) == ["perplexity.delta", "needle.recall_drop", "needle.truncation_rise", "tasks.kvprobe_qa.drop",
+                       "tasks.kvprobe_qa.truncation_rise", "load.endpoint.throughput_drop"]
+    forty = paired_exact.equal_pass_probability(40, 0.10, 0.05)
+    assert forty == pytest.approx(0.4647, abs=1e-4)
+    for check_id in ("needle.recall_drop", "needle.truncation_rise", "tasks.kvprobe_qa.drop",
+                     "tasks.kvprobe_qa.truncation_rise"):
+        assert p[check_id] == forty
+    # the audit's 0.91 for the CPU demo's 16 passages (statistics-verify section 2.3)
+    assert p["perplexity.delta"] == pytest.approx(0.913, abs=0.005)
+    assert p["load.endpoint.throughput_drop"] > 0.99  # at the demo's 0.0215 the sweep settles
+    assert shipped.p_adopt == pytest.approx(math.prod(p.values()))
+    assert shipped.p_adopt < 0.05 and not shipped.reaches
+    assert any(line.startswith("capacity_gain_min") for line in shipped.not_in_product)
+
+
+def test_the_sizes_it_names_reach_0_8_by_the_same_function(shipped: pp.PowerPlan) -> None:
+    need = {r.probe: r.need for r in shipped.resizes}
+    assert set(need) == {"perplexity", "needle", "tasks.kvprobe_qa"}
+    assert all(n is not None for n in need.values())
+    assert need["needle"] > 40 and need["tasks.kvprobe_qa"] > 40 and need["perplexity"] > 16
+    assert shipped.p_adopt_resized is not None and shipped.p_adopt_resized >= 0.8
+    config = load_config(SHIPPED)
+    bigger = config.model_copy(update={"needle": config.needle.model_copy(update={"count": need["needle"]})})
+    again = pp.plan_power(bigger, PROBES, documents={"kvprobe_qa": need["tasks.kvprobe_qa"]},
+                          passages=need["perplexity"])
+    assert again.p_adopt >= 0.8 and again.reaches
+    assert again.p_adopt == pytest.approx(shipped.p_adopt_resized)
+    # one needle fewer and the needle checks fall under their share: the size named is the fewest
+    share = 0.8 ** (1 / 3)
+    needle = next(r for r in shipped.resizes if r.probe == "needle")
+    assert needle.p_need is not None and needle.p_need >= share
+    assert paired_exact.equal_pass_probability(need["needle"] - 1, 0.10, 0.05) ** 2 < share
+
+
+def test_each_size_is_costed_and_costs_more_than_the_plan(shipped: pp.PowerPlan) -> None:
+    for r in shipped.resizes:
+        assert r.seconds_need is not None and len(r.seconds_need) == len(r.seconds_have) == 2
+        assert all(need > have > 0 for need, have in zip(r.seconds_need, r.seconds_have, strict=True))
+        assert r.seconds_need[1] > r.seconds_need[0]  # the slow speed takes longer
+    qa = next(r for r in shipped.resizes if r.probe == "tasks.kvprobe_qa")
+    assert qa.note == "kvprobe_qa has 40 documents: more needs documents of your own"
+
+
+def test_the_lines_say_each_figure_and_what_would_reach_0_8(shipped: pp.PowerPlan) -> None:
+    lines = pp.lines(shipped.as_dict())
+    assert all(line.startswith("power:") for line in lines)
+    assert f"power: P(adopt | equal) = {shipped.p_adopt:.3f} (the product: the checks taken as independent)" in lines
+    last = lines[-1]
+    needle = next(r for r in shipped.resizes if r.probe == "needle")
+    assert last.startswith("power: cannot reach 0.8: ")
+    assert f"needle.count 40 -> {needle.need}" in last
+    assert last.endswith(f"would give P(adopt | equal) = {shipped.p_adopt_resized:.3f}")
+
+
+def test_a_plan_that_reaches_0_8_names_no_size() -> None:
+    config = load_config(SHIPPED)
+    plan = pp.plan_power(config, ["capacity", "needle"], disagreement=0.0)
+    assert plan.p_adopt == 1.0 and plan.reaches  # nothing flips: 40 needles pass a 0.10 bar every time
+    assert plan.as_dict()["would_reach"] is None
+    assert not any("cannot reach" in line for line in pp.lines(plan.as_dict()))
+
+
+def test_a_bar_of_0_can_reach_nothing() -> None:
+    config = load_config(SHIPPED)
+    config = config.model_copy(update={"bars": Bars(needle_recall_drop_max=0.0)})
+    plan = pp.plan_power(config, ["needle"])
+    assert plan.p_adopt == 0.0
+    assert plan.why_not == f"no size up to {pp.MAX_UNITS:,} reaches it"
+
+
+@pytest.mark.parametrize("d", [0.0, 0.025, 0.05, 0.10])
+def test_binary_pass_is_a_probability_rising_with_n(d: float) -> None:
+    # a sawtooth pair by pair (equal_size's docstring); over 20 more pairs it only rises
+    values = [pp.binary_pass(n, 0.10, d) for n in range(40, 261, 20)]
+    assert all(0.0 <= v <= 1.0 for v in values)
+    assert values == sorted(values) and values[-1] > 0.99
+    assert pp.binary_pass(34, 0.10, 0.0) == 0.0 and pp.binary_pass(35, 0.10, 0.0) == 1.0  # zero_loss_size
+
+
+def test_perplexity_pass_rises_with_n_and_holds_the_passage_floor() -> None:
+    values = [pp.perplexity_pass(n, 0.01) for n in range(8, 61)]
+    assert all(0.0 < v < 1.0 for v in values)
+    assert all(a < b for a, b in itertools.pairwise(values))
+    assert pp.perplexity_pass(7, 0.01) == 0.0  # under MIN_PASSAGES a pass is never given
+
+
+def test_perplexity_pass_is_what_the_check_does_to_an_equal_candidate() -> None:
+    """Through perplexity_check itself: 16 equal passages whose rise per byte spreads PASSAGE_SPREAD, on a
+    reference that repeats itself exactly."""
+    rng = np.random.default_rng(7)
+    units = [1000.0] * 16
+    docs = list(range(16))
+    base = [-3.2 * u for u in units]
+    runs, passed = 1500, 0
+    for _ in range(runs):
+        rise = rng.standard_normal(16) * pp.PASSAGE_SPREAD
+        cand = [b - r * u for b, r, u in zip(base, rise, units, strict=True)]
+        inputs = {"reference": "ref", "probes": {"perplexity": {"servers": {
+            "ref": {"passage_ll": base, "passage_doc": docs, "passage_units": units, "repeat_ll": [base]},
+            "cand": {"passage_ll": cand, "passage_doc": docs, "passage_units": units}}}}}
+        passed += perplexity_check(inputs, "cand", Bars())["outcome"] == "pass"
+    exact = pp.perplexity_pass(16, 0.01)
+    assert passed / runs == pytest.approx(exact, abs=3 * math.sqrt(exact * (1 - exact) / runs))
+
+
+def test_speed_pass_falls_as_the_blocks_spread() -> None:
+    load = load_config(SHIPPED).load
+    values = [pp.speed_pass(load, 0.05, s) for s in (0.0215, 0.05, 0.08, 0.12)]
+    assert all(0.0 <= v <= 1.0 for v in values)
+    assert values == sorted(values, reverse=True) and values[0] > 0.99 and values[-1] < 0.5
+
+
+def test_fewest_reaching_is_the_first_n() -> None:
+    p = lambda n: pp.binary_pass(n, 0.10, 0.05)  # noqa: E731
+    n = pp.fewest_reaching(p, 0.8, 1)
+    assert n == paired_exact.equal_size(0.10, 0.05, 0.8)
+    assert n is not None and p(n) >= 0.8 and all(p(m) < 0.8 for m in range(1, n))
