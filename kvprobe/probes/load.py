@@ -46,7 +46,7 @@ from kvprobe.run.budget import RESERVE_S, BudgetCost, Speed
 from kvprobe.run.context import EvalContext
 from kvprobe.server.fit import tightest, written
 from kvprobe.stats.client_limit import limited
-from kvprobe.stats.sequential import of_settings, planned_looks, williams
+from kvprobe.stats.sequential import of_settings, williams
 
 # What the speed design declares before the run (recorded in load.json and the verdict's evidence).
 DESIGN_FIELDS = ("endpoint", "latency_endpoint", "max_blocks", "look_every", "repeats", "budget_s", "advisory")
@@ -693,7 +693,7 @@ def rough_seconds(config: Config, servers: int, rate: float, decode: float) -> t
     shapes = shapes_of(ld)
     block = servers * sum(case(s, a) + ld.settle_s for s in shapes for a in s.agents)
     warmup = servers * sum(case(s, min(s.agents)) for s in shapes) if ld.warmup else 0.0
-    looks = (ld.repeats,) if ld.repeats is not None else planned_looks(ld.max_blocks, ld.look_every)
+    looks = of_settings(ld).looks  # the design declared now: rules/5's first look is at 8 blocks
     low, high = looks[0] * block, looks[-1] * block
     if ld.budget_s is not None:  # no block starts after the budget
         low, high = min(low, ld.budget_s + block), min(high, ld.budget_s + block)
