@@ -307,8 +307,11 @@ def look(losses: Sequence[float], margin: float, plan: Design, *, final: bool = 
         # one-look design would otherwise undercut.
         floor = t_quantile(1 - plan.alpha, n - 1)
         b, b_fail = max(b, floor), max(b_fail, floor)
-    if robust:
-        return _robust_look(centred, shift, sd, margin, plan, n, b, b_fail, at_look, final)
+    spread = sd  # the block spread the advice on more blocks scales by
+    if robust:  # the standard error the decision uses, inflated by the blocks' serial correlation
+        rho = autocorrelation(centred)
+        se = sd / math.sqrt(n) * math.sqrt((1 + rho) / (1 - rho))
+        spread = se * math.sqrt(n)
     t_pass, t_fail = _t(margin - shift - mean_c, se), _t(mean_c + shift - margin, se)
     if (at_look or final) and t_pass > b:
         outcome = "pass"
@@ -321,7 +324,7 @@ def look(losses: Sequence[float], margin: float, plan: Design, *, final: bool = 
     # The repeated confidence interval: its upper end under the margin is a pass, its lower end over it a fail.
     lo = mean - b_fail * se if math.isfinite(b_fail) else -math.inf
     hi = mean + b * se if math.isfinite(b) else math.inf
-    more = _more_blocks(n, mean, sd, margin, plan) if outcome == "inconclusive" else None
+    more = _more_blocks(n, mean, spread, margin, plan) if outcome == "inconclusive" else None
     return Look(n, mean, sd, se, b, t_pass, t_fail, lo, hi, outcome, at_look, more)
 
 
@@ -335,27 +338,6 @@ def autocorrelation(centred: Sequence[float]) -> float:
     if ss <= 0:
         return 0.0
     return min(max(math.fsum(a * b for a, b in pairwise(d)) / ss + 1.0 / n, 0.0), RHO_CAP)
-
-
-def _robust_look(centred: list[float], shift: float, sd: float, margin: float, plan: Design, n: int,
-                 b: float, b_fail: float, at_look: bool, final: bool) -> Look:
-    mean_c = math.fsum(centred) / n
-    mean = shift + mean_c
-    rho = autocorrelation(centred)
-    se = sd / math.sqrt(n) * math.sqrt((1 + rho) / (1 - rho))  # the standard error the decision uses
-    t_pass, t_fail = _t(margin - shift - mean_c, se), _t(mean_c + shift - margin, se)
-    if (at_look or final) and t_pass > b:
-        outcome = "pass"
-    elif (at_look or final) and t_fail > b_fail:
-        outcome = "fail"
-    elif final or n >= plan.n_max:
-        outcome = "inconclusive"
-    else:
-        outcome = "continue"
-    lo = mean - b_fail * se if math.isfinite(b_fail) else -math.inf
-    hi = mean + b * se if math.isfinite(b) else math.inf
-    more = _more_blocks(n, mean, se * math.sqrt(n), margin, plan) if outcome == "inconclusive" else None
-    return Look(n, mean, sd, se, b, t_pass, t_fail, lo, hi, outcome, at_look, more)
 
 
 def settle(losses: Sequence[float], margin: float, plan: Design) -> Look | None:
