@@ -362,6 +362,8 @@ def _more_blocks(n: int, mean: float, sd: float, margin: float, plan: Design) ->
     if gap == 0:
         return None
     c = plan.c if mean < margin or plan.c_fail is None else plan.c_fail
+    if not math.isfinite(c):  # a design no run can settle (the robust statistic at 2 blocks): no count helps
+        return None
     total = math.ceil((c * sd / gap) ** 2) if sd > 0 else n + 1
     return max(total - n, 1)
 

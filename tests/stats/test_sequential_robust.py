@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 
+from kvprobe.stats import sequential
 from kvprobe.stats.sequential import (
     ALPHA,
     FAMILY,
@@ -133,3 +134,14 @@ def test_every_pair_is_balanced_at_every_even_block_count(k: int) -> None:
         for a in servers[1:]:
             first = sum(o.index(servers[0]) < o.index(a) for o in orders)
             assert first == n // 2, (k, n, a, first)
+
+
+def test_a_fixed_design_of_two_blocks_is_uncalibratable_under_the_robust_statistic_and_never_decides() -> None:
+    # Found by tests/integration/test_load_processes.py ([load] repeats = 2): the advice on more blocks divided by
+    # an infinite boundary and the verdict crashed (OverflowError).
+    plan = sequential.of_settings({"repeats": 2, "plan": {"statistic": sequential.ROBUST}})
+    assert math.isinf(plan.c)
+    at = sequential.look([0.01, -0.02], math.log(1 / 0.95), plan, final=True)
+    assert at is not None and at.outcome == "inconclusive" and at.more_blocks is None
+    far = sequential.look([0.5, 0.6], math.log(1 / 0.95), plan, final=True)
+    assert far is not None and far.outcome == "inconclusive" and far.more_blocks is None
