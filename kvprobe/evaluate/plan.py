@@ -276,9 +276,6 @@ def cannot_adopt(config: Config, chosen: list[str], not_measured: dict[str, str]
 
 # -- sizes ---------------------------------------------------------------------------------------
 
-_perplexity_passages = power_plan.planned_passages
-
-
 def needle_grid(settings: NeedleSettings, context: Context) -> dict[str, Any]:
     """The length x depth grid eval would place, when the context is known (else how it is sized)."""
     from kvprobe.needle.cases import resolve_grid
@@ -306,7 +303,7 @@ def probe_settings(config: Config, probes: list[str], context: Context, found: d
         out["capacity"] = {"source": "vllm:cache_config_info kv_cache_size_tokens on /metrics",
                            "model_config": config.model_config_path}
     if "perplexity" in probes or "agreement" in probes:
-        passages, source = _perplexity_passages(config)
+        passages, source = power_plan.planned_passages(config)
         p = config.perplexity
         if "perplexity" in probes:
             out["perplexity"] = {"passages": passages, "source": source, "reference_repeats": p.reference_repeats,

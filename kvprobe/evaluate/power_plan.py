@@ -79,10 +79,6 @@ def perplexity_pass(n: int, bar: float, spread: float = PASSAGE_SPREAD) -> float
     return float(st.nct.sf(t_quantile(0.975, n - 1), n - 1, ncp))
 
 
-def _perplexity_at(n: int, *, bar: float, spread: float) -> float:
-    return perplexity_pass(n, bar, spread)
-
-
 @functools.lru_cache(maxsize=64)
 def _speed_pass(design: sequential.Design, spread: float, margin: float) -> float:
     return sequential.operating(design, spread, margin, 0.0, SPEED_SIMS, "normal", SPEED_SEED)[0]
@@ -163,11 +159,17 @@ class _Unit:
     source: str = ""
 
 
-def _binary_unit(probe: str, setting: str, unit: str, have: int, checks: list[tuple[str, str, float]],
-                 d: float, d_cut: float, most: int | None = None, source: str = "") -> _Unit:
+def _check_pass(bar: str, limit: float, n: int, d: float, d_cut: float, spread: float) -> float:
+    """One gating check's P(pass | equal) at n units, by the rule its bar is judged with."""
+    if bar == "perplexity_delta_max":
+        return perplexity_pass(n, limit, spread)
+    return binary_pass(n, limit, d_cut if bar == "truncation_rise_max" else d)
+
+
+def _unit(probe: str, setting: str, unit: str, have: int, checks: list[tuple[str, str, float]], d: float,
+          d_cut: float, spread: float, most: int | None = None, source: str = "") -> _Unit:
     def p_at(n: int) -> float:
-        return math.prod(binary_pass(n, limit, d_cut if bar == "truncation_rise_max" else d)
-                         for _, bar, limit in checks)
+        return math.prod(_check_pass(bar, limit, n, d, d_cut, spread) for _, bar, limit in checks)
     return _Unit(probe, setting, unit, have, tuple(checks), p_at, most, source)
 
 
@@ -208,35 +210,32 @@ def unit_seconds(config: Config, probe: str, n: int, servers: int, speed: Speed,
     return cost(config, servers, speed, max_model_len).seconds(n) if cost is not None else 0.0
 
 
-def _units(config: Config, probes: Sequence[str], documents: dict[str, int], passages: int | None,
+def _units(config: Config, probes: Sequence[str], documents: dict[str, int], passages: int | None, source: str,
            d: float, d_cut: float, spread: float) -> tuple[list[_Unit], list[str]]:
     bars, units, left = config.bars, [], []
     if "perplexity" in probes:
         if passages is None:
             left.append("perplexity.delta: its passages are counted only when lm-eval loads the task")
         else:
-            limit = bars.perplexity_delta_max
             # With a limit the source may hold more than the run scores: how many is not known here.
-            _, source = planned_passages(config)
-            units.append(_Unit("perplexity", "perplexity passages", "passages", passages,
-                               (("perplexity.delta", "perplexity_delta_max", limit),),
-                               functools.partial(_perplexity_at, bar=limit, spread=spread),
-                               passages if config.perplexity.limit is None else None, source))
+            units.append(_unit("perplexity", "perplexity passages", "passages", passages,
+                               [("perplexity.delta", "perplexity_delta_max", bars.perplexity_delta_max)], d, d_cut,
+                               spread, passages if config.perplexity.limit is None else None, source))
     if "needle" in probes:
-        units.append(_binary_unit("needle", "needle.count", "needles", config.needle.count,
-                                  [("needle.recall_drop", "needle_recall_drop_max", bars.needle_recall_drop_max),
-                                   ("needle.truncation_rise", "truncation_rise_max", bars.truncation_rise_max)],
-                                  d, d_cut))
+        units.append(_unit("needle", "needle.count", "needles", config.needle.count,
+                           [("needle.recall_drop", "needle_recall_drop_max", bars.needle_recall_drop_max),
+                            ("needle.truncation_rise", "truncation_rise_max", bars.truncation_rise_max)],
+                           d, d_cut, spread))
     if "tasks" in probes:
         for task, count in sorted(documents.items()):
             limit = bars.task_bar(task)
             if limit is None:
                 continue
             most = count if config.tasks.limit is None else None
-            units.append(_binary_unit(f"tasks.{task}", f"{task} documents", "documents", count,
-                                      [(f"tasks.{task}.drop", "task_accuracy_drop_max", limit),
-                                       (f"tasks.{task}.truncation_rise", "truncation_rise_max",
-                                        bars.truncation_rise_max)], d, d_cut, most, task))
+            units.append(_unit(f"tasks.{task}", f"{task} documents", "documents", count,
+                               [(f"tasks.{task}.drop", "task_accuracy_drop_max", limit),
+                                (f"tasks.{task}.truncation_rise", "truncation_rise_max", bars.truncation_rise_max)],
+                               d, d_cut, spread, most, task))
     if "agreement" in probes:
         left += [f"agreement {b}: no stated spread to model it" for b in ("kl_mean_max", "top1_agreement_min")
                  if getattr(bars, b) is not None]
@@ -246,14 +245,8 @@ def _units(config: Config, probes: Sequence[str], documents: dict[str, int], pas
 
 
 def _unit_checks(unit: _Unit, n: int, d: float, d_cut: float, spread: float) -> list[CheckPower]:
-    out = []
-    for check_id, bar, limit in unit.checks:
-        if bar == "perplexity_delta_max":
-            p = perplexity_pass(n, limit, spread)
-        else:
-            p = binary_pass(n, limit, d_cut if bar == "truncation_rise_max" else d)
-        out.append(CheckPower(check_id, bar, limit, unit.probe.split(".")[0], n, unit.unit, p))
-    return out
+    return [CheckPower(check_id, bar, limit, unit.probe.split(".")[0], n, unit.unit,
+                       _check_pass(bar, limit, n, d, d_cut, spread)) for check_id, bar, limit in unit.checks]
 
 
 def fewest_reaching(p_at: Callable[[int], float], target: float, start: int) -> int | None:
@@ -303,9 +296,11 @@ def plan_power(config: Config, probes: Sequence[str], *, documents: dict[str, in
     d = disagreement
     d_cut = d if cut_disagreement is None else cut_disagreement
     servers = servers or len(config.servers)
-    if passages is None and "perplexity" in probes:
-        passages = planned_passages(config)[0]
-    units, left = _units(config, probes, documents or {}, passages, d, d_cut, passage_spread)
+    source = ""
+    if "perplexity" in probes:  # counted once: the passages file is read to count them
+        counted, source = planned_passages(config)
+        passages = counted if passages is None else passages
+    units, left = _units(config, probes, documents or {}, passages, source, d, d_cut, passage_spread)
     checks = [c for u in units for c in _unit_checks(u, u.have, d, d_cut, passage_spread)]
     load = config.load
     if "load" in probes and not load.advisory:

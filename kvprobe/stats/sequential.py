@@ -297,7 +297,6 @@ def look(losses: Sequence[float], margin: float, plan: Design, *, final: bool = 
     sd = math.sqrt(math.fsum((x - mean_c) ** 2 for x in centred) / (n - 1))
     mean = shift + mean_c
     se = sd / math.sqrt(n)
-    robust = plan.statistic == ROBUST
     early = n < MIN_LOOK and len(plan.looks) > 1
     at_look = n in plan.looks or n >= plan.n_max
     b = math.inf if early else plan.boundary(min(n, plan.n_max))
@@ -308,7 +307,7 @@ def look(losses: Sequence[float], margin: float, plan: Design, *, final: bool = 
         floor = t_quantile(1 - plan.alpha, n - 1)
         b, b_fail = max(b, floor), max(b_fail, floor)
     spread = sd  # the block spread the advice on more blocks scales by
-    if robust:  # the standard error the decision uses, inflated by the blocks' serial correlation
+    if plan.statistic == ROBUST:  # the standard error the decision uses, inflated by the blocks' serial correlation
         rho = autocorrelation(centred)
         se = sd / math.sqrt(n) * math.sqrt((1 + rho) / (1 - rho))
         spread = se * math.sqrt(n)

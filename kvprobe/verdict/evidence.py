@@ -129,7 +129,7 @@ def read_load(data: dict[str, Any]) -> dict[str, Any]:
     for key in ("design", "stops", "sizing"):
         if isinstance(data.get(key), dict):
             out[key] = _scalars(data[key])
-    plan = (data.get("design") or {}).get("plan") if isinstance(data.get("design"), dict) else None
+    plan = data["design"].get("plan") if isinstance(data.get("design"), dict) else None
     if isinstance(plan, dict) and isinstance(plan.get("statistic"), str):
         # The statistic the design was declared with (rules/5's robust one): without it the checks would judge
         # the blocks with rules/4's t and its looks. A rules/4 plan names none, and its evidence stays as it was.
