@@ -312,6 +312,8 @@ def plan_power(config: Config, probes: Sequence[str], *, documents: dict[str, in
             checks.append(CheckPower(f"load.endpoint.{load.latency_endpoint}_rise", "p99_latency_rise_max",
                                      config.bars.p99_latency_rise_max, "load", load.blocks, "blocks",
                                      speed_pass(load, config.bars.p99_latency_rise_max, block_spread, drop=False)))
+        else:
+            left.append(latency_not_gated(config.bars.p99_latency_rise_max))
     assumed = {"disagreement": d, "cut_disagreement": d_cut, "passage_spread": passage_spread,
                "block_spread": block_spread, "speed_sims": SPEED_SIMS,
                "speeds": [{"prompt_tokens_per_s": s.prompt_tokens_per_s, "s_per_decoded_token": s.s_per_decoded_token}
@@ -342,6 +344,13 @@ def plan_power(config: Config, probes: Sequence[str], *, documents: dict[str, in
         return out
     out.p_adopt_resized = fixed * math.prod(r.p_need or 0.0 for r in out.resizes)
     return out
+
+
+def latency_not_gated(bar: float) -> str:
+    """What p99_latency_rise_max does when no latency endpoint is declared, said where the power is."""
+    return (f"p99_latency_rise_max {bar:g}: latency is not gated (no [load] latency_endpoint): each case's p99 "
+            f"rise is a guardrail that fails only past {2 * bar:+.0%}, twice the bar; latency_endpoint = "
+            "\"itl_p99\" gates it")
 
 
 # -- words ---------------------------------------------------------------------------------------

@@ -17,13 +17,13 @@ NUISANCE = np.linspace(0.0, 0.45, 901)  # gained-pair probabilities the sweeps t
 
 
 @pytest.mark.parametrize("n", [20, 40, 104])
-def test_the_pass_region_is_tangos_interval_cell_for_cell(n: int) -> None:
-    """Where the enumeration says pass, paired_binary_interval's upper end is within the bar, and one more
+def test_tangos_pass_region_is_tangos_interval_cell_for_cell(n: int) -> None:
+    """Where Tango's region says pass, paired_binary_interval's upper end is within the bar, and one more
     lost pair is not: per gained count, the boundary on both sides of it."""
     gained = np.arange(n + 1, dtype=float)
     for g in range(n + 1):
         lost = np.arange(n - g + 1, dtype=float)
-        ok = pe.passes(n, lost, np.full_like(lost, g), BAR)
+        ok = pe.tango_passes(n, lost, np.full_like(lost, g), BAR)
         k = int(ok.sum()) - 1  # passing is a prefix of lost counts
         assert ok[: k + 1].all() and not ok[k + 1:].any()
         if k >= 0:
@@ -31,6 +31,24 @@ def test_the_pass_region_is_tangos_interval_cell_for_cell(n: int) -> None:
         if k + 1 <= n - g:
             assert paired_binary_interval(n, k + 1, g).hi > BAR
     assert gained.size == n + 1
+
+
+@pytest.mark.parametrize("n", [20, 40, 63])
+def test_the_pass_region_is_the_exact_tests_cell_for_cell(n: int) -> None:
+    """Brute force over every cell: a cell passes when Tango's upper end is within the bar and the largest
+    probability over the nuisance (on the same grid) of a statistic at most its own is at most 2.5%."""
+    lost, gained = (a.astype(int) for a in pe._cells(n))
+    t = pe.tango_statistic(n, lost, gained, BAR)
+    masses = pe._cell_masses(n, lost, gained, BAR)  # cells x nuisance
+    order = np.argsort(t, kind="stable")
+    cum = np.cumsum(masses[order], axis=0)
+    last = np.searchsorted(t[order], t[order], side="right") - 1  # ties count in the tail
+    pvalue = np.empty(len(t))
+    pvalue[order] = cum[last].max(axis=1)
+    expected = (t <= -pe.Z) & (pvalue <= pe.ALPHA)
+    assert (pe.passes(n, lost, gained, BAR) == expected).all()
+    # Tango's region alone is larger here: the exact test takes cells out of it
+    assert (pe.tango_passes(n, lost, gained, BAR) & ~expected).any()
 
 
 @pytest.mark.parametrize(("n", "p_lost", "p_gained"), [(40, 0.025, 0.025), (104, 0.025, 0.025), (55, 0.2, 0.1),
@@ -41,23 +59,25 @@ def test_pass_probability_is_the_trinomial_summed_over_every_passing_cell(n: int
     total = 0.0
     for g in range(n + 1):
         for k in range(n - g + 1):
-            if paired_binary_interval(n, k, g).hi > BAR:
+            if pe.paired_drop_interval(n, k, g, BAR).hi > BAR:  # the interval the check judges by
                 break
             total += math.comb(n, k) * math.comb(n - k, g) * p_lost**k * p_gained**g * p_same ** (n - k - g)
     assert pe.pass_probability(n, BAR, p_lost, p_gained) == pytest.approx(total, abs=1e-12)
 
 
-def test_an_equal_candidate_needs_76_and_105_pairs_for_six_gating_checks() -> None:
-    """Issue 33's figures: 76 pairs at 2.5% disagreeing, and about 104 at 5%: the first size that reaches
-    0.8^(1/6) = 0.9635 exactly is 105 (104 gives 0.9632)."""
-    assert pe.equal_size(BAR, 0.025, SIX) == 76
-    assert pe.equal_size(BAR, 0.05, SIX) == 105
-    assert pe.equal_pass_probability(104, BAR, 0.05) == pytest.approx(0.96318, abs=5e-5)
-    # alone (power 0.8): 53 and 69; with nothing disagreeing, the zero-loss size
-    assert (pe.equal_size(BAR, 0.025, 0.8), pe.equal_size(BAR, 0.05, 0.8)) == (53, 69)
-    assert pe.equal_size(BAR, 0.0, SIX) == power.zero_loss_size(BAR) == 35
+def test_an_equal_candidate_needs_85_and_111_pairs_for_six_gating_checks() -> None:
+    """Issue 33 measured 76 pairs at 2.5% disagreeing and about 104 at 5% with Tango's pass side alone; with the
+    exact test on the pass side too (so a candidate at the bar passes at most 2.5%), 85 and 111: the first
+    sizes that reach 0.8^(1/6) = 0.9635 (110 gives 0.9590)."""
+    assert pe.equal_size(BAR, 0.025, SIX) == 85
+    assert pe.equal_size(BAR, 0.05, SIX) == 111
+    assert pe.equal_pass_probability(110, BAR, 0.05) == pytest.approx(0.95901, abs=5e-5)
+    # alone (power 0.8): 54 and 71; with nothing disagreeing, the zero-loss size
+    assert (pe.equal_size(BAR, 0.025, 0.8), pe.equal_size(BAR, 0.05, 0.8)) == (54, 71)
+    assert pe.equal_size(BAR, 0.0, SIX) == power.zero_loss_size(BAR) == 36
+    assert power.zero_loss_size(BAR, tango=True) == 35  # rules/4's
     # the size is the first n that reaches the power
-    for d, size in ((0.025, 76), (0.05, 105)):
+    for d, size in ((0.025, 85), (0.05, 111)):
         assert pe.equal_pass_probability(size, BAR, d) >= SIX > pe.equal_pass_probability(size - 1, BAR, d)
 
 
@@ -70,7 +90,7 @@ def test_the_normal_approximation_named_sizes_an_equal_candidate_passes_too_rare
     assert pe.equal_pass_probability(38, BAR, 0.025) == pytest.approx(0.64, abs=0.01)
     assert pe.equal_pass_probability(73, BAR, 0.05) == pytest.approx(0.83, abs=0.01)
     new = {d: power.needed(block, BAR, 6, disagreement=d)["needed"] for d in (0.025, 0.05)}
-    assert new == {0.025: 76, 0.05: 105}
+    assert new == {0.025: 85, 0.05: 111}
 
 
 def test_needed_says_in_words_when_no_practical_run_settles_it() -> None:

@@ -28,9 +28,9 @@ METHOD = {
     "answers": "needles and task documents paired case by case under the answer cap: an answer cut at the cap "
                "or failed scores as wrong on either side, a pair unanswered on both sides is left out and counted; "
                f"a pass needs {MIN_SCORED_SHARE:.0%} of the pairs scored; Tango's score interval for 0/1 outcomes in "
-               "either direction (a fail needs the exact unconditional test at the bar too), and on the losses' "
-               "mass within the score's range for other scores, whose pass needs at least the zero-loss size; "
-               "the paired rise in answers cut at the cap has its own bar",
+               "either direction (a fail and a pass each need the exact unconditional test at the bar too), and on "
+               "the losses' mass within the score's range for other scores, whose pass needs at least the zero-loss "
+               "size; the paired rise in answers cut at the cap has its own bar",
     "passages": "perplexity and agreement: a ratio of sums over passages with a t interval (delta method, n - 1 "
                 f"df); a pass needs {MIN_PASSAGES} passages; the reference's measured run-to-run delta enters the "
                 "perplexity interval as a variance component, and a bar with noise over a third of it is not passed",

@@ -8,8 +8,8 @@ The answer cap is a budget both servers get. Per pair of answers:
 - a pair that neither side answered (both cut, both failed) tells nothing: left out, and counted.
 A pass needs MIN_SCORED_SHARE of the pairs scored; a score interval decides the rest, in the direction
 where larger is worse (a lower-is-better score's rise is its loss):
-- 0/1 scores, either direction: Tango's score interval on the lost and gained pairs; a fail needs the
-  exact unconditional test at the bar as well (kvprobe.stats.paired_exact.paired_drop_interval);
+- 0/1 scores, either direction: Tango's score interval on the lost and gained pairs; a fail and a pass
+  each need the exact unconditional test at the bar as well (kvprobe.stats.paired_exact.paired_drop_interval);
 - other scores (F1, ROUGE, ...): Tango's interval on the losses' mass within the score's range
   (kvprobe.stats.bounded_paired_interval), never narrower than a 0/1 score's, and a pass needs at least
   the zero-loss size (the fewest documents at which a candidate that loses nothing at all can pass).
@@ -19,6 +19,7 @@ A separate bar holds the rise in answers the cap cut. rules/4's version: answers
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,9 @@ from kvprobe.verdict.checks._common import (
     rules2_row,
     with_power,
 )
+
+
+PASS_HELD = "Tango's upper end is within the bar, the exact test at the bar does not: not a pass"
 
 
 @dataclass(frozen=True)
@@ -119,8 +123,8 @@ def _score_interval(p: Pairing, higher_is_better: bool, limit: float,
         lost, gained = sum(x == 1.0 for x in losses), sum(x == -1.0 for x in losses)
         iv = paired_drop_interval(p.scored, lost, gained, limit)
         extra = {"lost": lost, "gained": gained, "mcnemar_p": mcnemar_p(lost, gained),
-                 "interval_method": "Tango score interval for paired proportions; a fail needs the exact "
-                                    "unconditional test at the bar too"}
+                 "interval_method": "Tango score interval for paired proportions; a fail and a pass need the "
+                                    "exact unconditional test at the bar too"}
         return iv, extra, {"disagreement": (lost + gained) / p.scored}
     iv = bounded_paired_interval(losses, span)
     lost_mass = sum(max(x, 0.0) for x in losses) / span
@@ -193,6 +197,8 @@ def score_check(p: Pairing, *, check_id: str, bar: str, metric: str, probe: str,
         details.append(f"lost {extra['lost']}, gained {extra['gained']}, McNemar p {extra['mcnemar_p']:.2g}")
     if iv.lo == limit and outcome == "inconclusive" and p.binary:
         details.append("Tango's lower end clears the bar, the exact test at the bar does not: not a fail")
+    if iv.hi == math.nextafter(limit, math.inf) and outcome == "inconclusive" and p.binary:
+        details.append(PASS_HELD)
     details += _cap_words(p, cand, unit, cap)
     if details:
         text += f" ({'; '.join(details)})"
@@ -221,6 +227,8 @@ def cut_check(p: Pairing, *, check_id: str, probe: str, cand: str, limit: float,
                  f"{p.cut_lost} of them within it)")
     if iv.lo == limit and outcome == "inconclusive":
         text += " (Tango's lower end clears the bar, the exact test at the bar does not: not a fail)"
+    if iv.hi == math.nextafter(limit, math.inf) and outcome == "inconclusive":
+        text += f" ({PASS_HELD})"
     check = make_check(check_id, bar, metric, probe, outcome, text, value=iv.estimate, interval=[iv.lo, iv.hi],
                        limit=limit, case=case, pairs=p.cut_pairs, candidate_cut=p.cand_cut, reference_cut=p.ref_cut,
                        lost=p.cut_lost, gained=p.cut_gained)

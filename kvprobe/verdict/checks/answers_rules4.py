@@ -107,7 +107,7 @@ def cut_check(p: Pairing, *, check_id: str, probe: str, cand: str, limit: float,
 def _binary_sizing(n: int, discordant: int, limit: float) -> dict[str, Any]:
     """How `needed` sizes a 0/1 comparison for a candidate equal to the reference: pairs disagreeing
     (both ways alike) at the share this run saw, and never fewer than a pass needs with none lost."""
-    return {"sd_unit": (discordant / n) ** 0.5, "floor": power.zero_loss_size(limit)}
+    return {"sd_unit": (discordant / n) ** 0.5, "floor": power.zero_loss_size(limit, tango=True)}
 
 
 # -- needles -------------------------------------------------------------------------------------

@@ -136,3 +136,46 @@ def test_a_bounded_score_at_the_bar_passes_at_most_about_nominally(scenario: str
     assert new / sims <= 0.03
     if scenario == "a tenth lose all":
         assert old / sims > 2 * NOMINAL
+
+
+# The nuisance (the share of pairs gained) on the null's boundary p_lost = p_gained + bar, off the grid the
+# exact tests take their supremum over (paired_exact.NUISANCE_GRID): a grid's supremum can sit a hair under
+# the true one between its points, so the sweep allows 2e-5 over nominal.
+GRID_SLACK = 2e-5
+
+
+@pytest.mark.parametrize("bar", [0.05, 0.10])
+def test_the_0_1_bars_hold_at_the_bar_for_every_size_and_nuisance_exactly(bar: float) -> None:
+    """Exact enumeration, both sides, every n from 10 to 130 and 61 nuisance values: a candidate exactly at the
+    bar passes at most 2.5% and fails at most 2.5%. Tango's upper end alone passed one up to 2.60% (40 pairs
+    at a 0.10 bar): the sweep finds sizes where it was over, so it can tell the two rules apart."""
+    nuisance = np.linspace(0.0, (1 - bar) / 2, 61)
+    tango_over = []
+    for n in range(10, 131):
+        worst_pass = max(pe.pass_probability(n, bar, bar + g, g) for g in nuisance)
+        worst_fail = max(pe.fail_probability(n, bar, bar + g, g) for g in nuisance)
+        assert worst_pass <= NOMINAL + GRID_SLACK, (n, worst_pass)
+        assert worst_fail <= NOMINAL + GRID_SLACK, (n, worst_fail)
+        limits = pe.tango_most_lost(n, np.arange(n + 1), bar)
+        if pe._largest_pass_tail(n, limits, bar) > NOMINAL:
+            tango_over.append(n)
+    assert tango_over, "no size where Tango's pass side alone was over 2.5%: the exact test is untested here"
+
+
+def test_the_needle_check_passes_exactly_where_the_enumeration_says() -> None:
+    """At 40 needles Tango's upper end alone passes some cells the exact test of the pass side does not: the
+    check passes on the enumeration's cells, and a cell Tango alone would pass is inconclusive, its interval's
+    upper end held just past the bar."""
+    n, bar = 40, Bars().needle_recall_drop_max
+    held = 0
+    for gained in range(n // 2):
+        exact = int(pe.most_lost_passing(n, np.array([gained]), bar)[0])
+        tango = int(pe.tango_most_lost(n, np.array([gained]), bar)[0])
+        if exact >= 0:
+            check = judge_probe("needle", _needle_counts(n, exact, gained), "cand", Bars())[0]
+            assert check["outcome"] == "pass", check["text"]
+        for lost in range(exact + 1, tango + 1):
+            check = judge_probe("needle", _needle_counts(n, lost, gained), "cand", Bars())[0]
+            assert check["outcome"] == "inconclusive" and check["interval"][1] > bar, check["text"]
+            held += 1
+    assert held, "no cell where Tango alone passes at 40 needles"
