@@ -105,7 +105,7 @@ def test_binary_pass_is_a_probability_rising_with_n(d: float) -> None:
     values = [pp.binary_pass(n, 0.10, d) for n in range(40, 261, 20)]
     assert all(0.0 <= v <= 1.0 for v in values)
     assert values == sorted(values) and values[-1] > 0.99
-    assert pp.binary_pass(34, 0.10, 0.0) == 0.0 and pp.binary_pass(35, 0.10, 0.0) == 1.0  # zero_loss_size
+    assert pp.binary_pass(35, 0.10, 0.0) == 0.0 and pp.binary_pass(36, 0.10, 0.0) == 1.0  # zero_loss_size
 
 
 def test_perplexity_pass_rises_with_n_and_holds_the_passage_floor() -> None:

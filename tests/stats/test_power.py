@@ -67,10 +67,10 @@ def test_se_from_a_95_interval() -> None:
 def test_paired_01_outcomes_are_sized_exactly_from_their_disagreement() -> None:
     from kvprobe.stats.paired_exact import equal_pass_probability
 
-    assert [power.zero_loss_size(b) for b in (0.10, 0.05, 0.02)] == [35, 73, 189]  # ~ ln(0.025) / ln(1 - bar)
+    assert [power.zero_loss_size(b) for b in (0.10, 0.05, 0.02)] == [36, 75, 191]  # ~ ln(0.025) / ln(1 - bar)
     block = power.figures(20, "needles", 0.082, None, 0.10)
     agreeing = power.needed(block, 0.10, family=1, disagreement=0.0)
-    assert agreeing["needed"] == 35 and agreeing["method"] == "exact"  # 20 needles that all agree: 35 would pass
+    assert agreeing["needed"] == 36 and agreeing["method"] == "exact"  # 20 needles that all agree: 36 would pass
     disagreeing = power.needed(block, 0.10, family=1, disagreement=4 / 20)
     size = disagreeing["needed"]
     assert equal_pass_probability(size, 0.10, 0.2) >= 0.8 > equal_pass_probability(size - 1, 0.10, 0.2)

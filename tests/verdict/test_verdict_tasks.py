@@ -40,7 +40,7 @@ def test_forty_same_answers_pass_the_default_bar_and_the_interval_is_honest(tmp_
 def test_thirty_same_answers_cannot_show_a_ten_point_margin(tmp_path: Path) -> None:
     check = task_check(build_verdict(with_tasks([1.0] * 30, [1.0] * 30).write(tmp_path / "r")))
     assert check["outcome"] == "inconclusive" and check["interval"][1] > 0.10
-    assert check["power"]["needed"] == 35 and "about 35 documents" in check["text"]
+    assert check["power"]["needed"] == 36 and "about 36 documents" in check["text"]
 
 
 def test_a_wrecked_candidate_fails_in_words_and_numbers(tmp_path: Path) -> None:

@@ -105,7 +105,7 @@ def test_a_continuous_pass_needs_the_zero_loss_size() -> None:
     ref = [0.5] * 20
     drop, _ = _task_check(ref, [0.9] * 20)
     assert drop["interval"][1] <= 0.10 and drop["outcome"] == "inconclusive"
-    assert "a pass needs at least 35 documents" in drop["text"]
+    assert "a pass needs at least 36 documents" in drop["text"]
     again, _ = _task_check([0.5] * 40, [0.9] * 40)
     assert again["outcome"] == "pass"
 
