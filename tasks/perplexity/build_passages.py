@@ -18,6 +18,8 @@ MODULES = [
     "subprocess", "typing", "imaplib", "difflib", "logging", "statistics", "email.message",
     "http.cookiejar", "unittest.case", "unittest.mock", "inspect", "shutil", "configparser",
     "optparse", "threading", "smtplib",
+    # 17: the fewest at which an equal candidate passes the 1% bar with the share issue 33 asked of it
+    "http.server",
 ]
 # ~3,000 needle-llama tokens: past a 2,048-token prefill chunk, far under 8,192.
 MIN_CHARS, MAX_CHARS = 9_000, 12_000

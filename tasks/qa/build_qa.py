@@ -32,6 +32,17 @@ MODULES = [
 # characters (about 3.8 per needle-llama token: roughly 400 and 1,000 tokens).
 LENGTHS = (1_500, 4_000)
 SEED = 14
+# Added after the first 40 documents (which stay byte for byte): every module of CPython 3.11.7 with
+# enough docstrings left that neither the first 20 nor the perplexity passages use, as many pairs of
+# stretches as fit in each, for 118 documents in all: at a 0.10 bar an equal candidate with 5% of its
+# answers flipping passes with probability 0.963 from 111 (kvprobe.stats.paired_exact.equal_size).
+MORE_MODULES = [
+    "turtle", "doctest", "ipaddress", "xml.etree.ElementTree", "logging.handlers", "urllib.request", "nntplib",
+    "traceback", "importlib.metadata", "re", "distutils.dist", "socket", "pickletools", "bdb", "asyncio.events",
+    "ast", "cgi", "lib2to3.pytree", "asyncio.base_events", "telnetlib", "concurrent.futures._base", "pkgutil",
+    "fractions", "random",
+]
+MORE_SEED = 33
 
 
 def docstrings(module: str) -> tuple[str, str]:
@@ -69,6 +80,15 @@ def main() -> None:
             row = document(rng, text, sum(LENGTHS[:j]), length, TEMPLATES[name])
             rows.append({"id": f"{module}-{length}", "template": name,
                          "source": f"CPython {platform.python_version()} Lib/{rel} (docstrings)", **row})
+    rng = random.Random(MORE_SEED)
+    for module in MORE_MODULES:
+        rel, text = docstrings(module)
+        for pair in range(len(text) // sum(LENGTHS)):
+            for j, length in enumerate(LENGTHS):
+                name = names[len(rows) % len(names)]
+                row = document(rng, text, pair * sum(LENGTHS) + sum(LENGTHS[:j]), length, TEMPLATES[name])
+                rows.append({"id": f"{module}-{pair * sum(LENGTHS) + length}", "template": name,
+                             "source": f"CPython {platform.python_version()} Lib/{rel} (docstrings)", **row})
     out = HERE / "qa.jsonl"
     out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     print(f"wrote {len(rows)} documents to {out}")
