@@ -64,8 +64,8 @@ def test_a_good_config_prints_the_plan_and_exits_0(tmp_path: Path) -> None:
     assert "127.0.0.1:8102" in fp8 and "candidate" in fp8 and "no API key" in fp8
     assert "probes (the default set): capacity, perplexity, agreement, needle, load" in out
     # the sizes eval would plan at this context: the needle grid as the recorded AVX2 demo run placed it
-    assert "40 needles over 8 length(s) (1,024-7,168 tokens) x 5 depth(s), answer cap 1,024 tokens" in out
-    assert "16 passages (shipped kvprobe_ppl)" in out
+    assert "115 needles over 23 length(s) (1,024-7,168 tokens) x 5 depth(s), answer cap 1,024 tokens" in out
+    assert "17 passages (shipped kvprobe_ppl)" in out
     assert "looks at 4, 8, 12, 16, 20" in out
     assert "bars: perplexity_delta_max 0.01" in out
     assert "estimate (rough):" in out and "assumed: no server was measured" in out
@@ -105,7 +105,8 @@ def test_the_plan_as_json(tmp_path: Path) -> None:
     assert data["servers"][1]["url"] == "http://127.0.0.1:8102" and data["servers"][1]["api_key_set"] is None
     assert data["probes"] == ["capacity", "needle", "load"] and data["probes_chosen_by"] == "--probes"
     needle = data["settings"]["needle"]
-    assert needle["count"] == 40 and needle["lengths"] == [1024, 1902, 2779, 3657, 4535, 5413, 6290, 7168]
+    assert needle["count"] == 115 and len(needle["lengths"]) == 23
+    assert needle["lengths"][0] == 1024 and needle["lengths"][-1] == 7168
     assert needle["depths"] == [0.0, 0.25, 0.5, 0.75, 1.0] and needle["max_tokens"] == 1024
     load = data["settings"]["load"]
     assert load["design"] == "sequential" and load["looks"] == [4, 8, 12, 16, 20]
@@ -119,9 +120,9 @@ def test_the_plan_as_json(tmp_path: Path) -> None:
     assert set(data["bars"]) >= {"perplexity_delta_max", "needle_recall_drop_max", "capacity_gain_min"}
 
 
-def test_the_plan_says_its_power_and_the_sizes_that_would_reach_0_8(tmp_path: Path) -> None:
+def test_the_plan_says_its_power_and_the_shipped_sizes_reach_0_8(tmp_path: Path) -> None:
     """The default probes on two servers: perplexity, the two needle checks and the speed endpoint gate;
-    each figure is the project's own function's, and their product is under 0.8 at 40 needles."""
+    each figure is the project's own function's, and their product reaches 0.8 at the shipped sizes."""
     from kvprobe.evaluate.power_plan import binary_pass, perplexity_pass
 
     result = check(str(write(tmp_path, SERVERS)), "--max-model-len", "8192", "--json")
@@ -130,18 +131,28 @@ def test_the_plan_says_its_power_and_the_sizes_that_would_reach_0_8(tmp_path: Pa
     p = {c["id"]: c["p_pass"] for c in power["checks"]}
     assert list(p) == ["perplexity.delta", "needle.recall_drop", "needle.truncation_rise",
                        "load.endpoint.throughput_drop"]
-    assert p["needle.recall_drop"] == p["needle.truncation_rise"] == binary_pass(40, 0.10, 0.05)
-    assert p["perplexity.delta"] == perplexity_pass(16, 0.01)
+    assert p["needle.recall_drop"] == p["needle.truncation_rise"] == binary_pass(115, 0.10, 0.05)
+    assert p["perplexity.delta"] == perplexity_pass(17, 0.01)
     assert power["p_adopt_equal"] == pytest.approx(p["perplexity.delta"] * p["needle.recall_drop"] ** 2
                                                    * p["load.endpoint.throughput_drop"])
-    assert power["p_adopt_equal"] < 0.8 and power["reaches_target"] is False and power["independent"] is True
+    assert power["p_adopt_equal"] >= 0.8 and power["reaches_target"] is True and power["independent"] is True
     assert power["assumed"]["disagreement"] == 0.05 and power["assumed"]["block_spread"] == 0.0215
+    assert power["would_reach"] is None
+    text = check(str(write(tmp_path, SERVERS)), "--max-model-len", "8192").stdout
+    assert f"power: P(adopt | equal) = {power['p_adopt_equal']:.3f}" in text and "cannot reach" not in text
+
+
+def test_a_plan_under_0_8_says_the_sizes_that_would_reach_it(tmp_path: Path) -> None:
+    result = check(str(write(tmp_path, "[needle]\ncount = 40\n" + SERVERS)), "--max-model-len", "8192", "--json")
+    assert result.exit_code == 0, result.output
+    power = json.loads(result.stdout)["power"]
+    assert power["p_adopt_equal"] < 0.8 and power["reaches_target"] is False
     would = power["would_reach"]
     assert would["p_adopt_equal"] >= 0.8 and would["why_not"] is None
     needle = next(s for s in would["sizes"] if s["setting"] == "needle.count")
     assert needle["have"] == 40 and needle["need"] > 40
     assert len(needle["seconds_need"]) == 2 and needle["seconds_need"][1] > needle["seconds_have"][1] > 0
-    text = check(str(write(tmp_path, SERVERS)), "--max-model-len", "8192").stdout
+    text = check(str(write(tmp_path, "[needle]\ncount = 40\n" + SERVERS)), "--max-model-len", "8192").stdout
     assert f"power: P(adopt | equal) = {power['p_adopt_equal']:.3f}" in text
     assert "power: cannot reach 0.8: " in text and f"needle.count 40 -> {needle['need']}" in text
 

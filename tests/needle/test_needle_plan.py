@@ -11,15 +11,16 @@ from kvprobe.needle.cases import check_templates, key_vocabulary, load_templates
 from kvprobe.needle.plan import APPROXIMATE_MARGIN, fingerprint, grid, prompt_room
 
 
-def test_default_grid_is_40_needles_from_1k_to_the_largest_that_fits() -> None:
+def test_default_grid_is_115_needles_from_1k_to_the_largest_that_fits() -> None:
     settings = NeedleSettings()
     room = prompt_room(settings, {"auto": 8192, "fp8": 8192})
     assert room == 8192 - 1024
     lengths, depths = grid(settings, room, approximate=False)
-    assert lengths == [1024, 1902, 2779, 3657, 4535, 5413, 6290, 7168]  # 8 lengths x 5 depths, each cell once
+    assert len(lengths) == 23 and lengths[0] == 1024 and lengths[-1] == 7168  # 23 lengths x 5 depths, each cell once
+    assert lengths == sorted(set(lengths)) and max(b - a for a, b in zip(lengths, lengths[1:])) <= 280
     assert depths == [0.0, 0.25, 0.5, 0.75, 1.0]
     cases = make_cases(settings, lengths, depths)
-    assert len(cases) == 40
+    assert len(cases) == 115
     assert {(c.target_length, c.target_depth) for c in cases} == {(n, d) for n in lengths for d in depths}
 
 
@@ -61,8 +62,12 @@ def test_cases_come_from_the_seed() -> None:
     c = make_cases(NeedleSettings(seed=8), lengths, depths)
     assert a == b
     assert [x.value for x in a] != [x.value for x in c]
-    # more cases keep the earlier ones
-    assert make_cases(NeedleSettings(seed=7, count=60), lengths, depths)[:40] == a
+    # more cases keep the earlier ones (their ids are padded to the count's width)
+    def fields(cases):
+        return [(x.target_length, x.target_depth, x.key, x.value, x.filler_start) for x in cases]
+
+    fewer = make_cases(NeedleSettings(seed=7, count=40), lengths, depths)
+    assert fields(a[:40]) == fields(fewer)
 
 
 def test_keys_and_values_look_like_training_and_are_not_in_the_filler() -> None:

@@ -75,7 +75,7 @@ def test_paired_01_outcomes_are_sized_exactly_from_their_disagreement() -> None:
     size = disagreeing["needed"]
     assert equal_pass_probability(size, 0.10, 0.2) >= 0.8 > equal_pass_probability(size - 1, 0.10, 0.2)
     # a bounded score on a range of 100 is sized at its bar over the range
-    assert power.needed(block, 10.0, family=1, disagreement=0.0, span=100.0)["needed"] == 35
+    assert power.needed(block, 10.0, family=1, disagreement=0.0, span=100.0)["needed"] == 36
 
 
 def test_rules4_sized_paired_01_outcomes_by_a_normal_approximation() -> None:
