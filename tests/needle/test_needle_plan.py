@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from kvprobe.config import NeedleSettings, parse_config
@@ -17,7 +19,7 @@ def test_default_grid_is_115_needles_from_1k_to_the_largest_that_fits() -> None:
     assert room == 8192 - 1024
     lengths, depths = grid(settings, room, approximate=False)
     assert len(lengths) == 23 and lengths[0] == 1024 and lengths[-1] == 7168  # 23 lengths x 5 depths, each cell once
-    assert lengths == sorted(set(lengths)) and max(b - a for a, b in zip(lengths, lengths[1:])) <= 280
+    assert lengths == sorted(set(lengths)) and max(b - a for a, b in itertools.pairwise(lengths)) <= 280
     assert depths == [0.0, 0.25, 0.5, 0.75, 1.0]
     cases = make_cases(settings, lengths, depths)
     assert len(cases) == 115

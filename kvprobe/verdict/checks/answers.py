@@ -36,7 +36,6 @@ from kvprobe.verdict.checks._common import (
     with_power,
 )
 
-
 PASS_HELD = "Tango's upper end is within the bar, the exact test at the bar does not: not a pass"
 
 
