@@ -21,7 +21,7 @@ from kvprobe.corpus import TASKS_DIR
 from kvprobe.evaluate.orchestrate import run_eval
 from kvprobe.run.store import RunDir
 
-pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(150_000)]  # logged in conftest
+pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(300_000)]  # logged in conftest
 
 
 def config_file(tmp_path: Path, servers: list[dict], tasks: str = "") -> Path:
@@ -150,7 +150,7 @@ async def test_answers_the_cap_cuts_on_both_sides_are_left_out_and_counted(vllm_
 async def test_a_candidate_dying_mid_task_is_broken_and_the_reference_s_scores_stay(
         vllm_servers, tmp_path: Path) -> None:
     """After its 10th answer the candidate answers as a dead vLLM engine does (a real capture): lm-eval
-    retries, then gives up; the candidate is broken, the reference's 40 scores are on disk."""
+    retries, then gives up; the candidate is broken, the reference's 118 scores are on disk."""
     crash = capture("crash-seed-chunked-prefill", "response")
     seen = {"chat": 0}
 
@@ -169,5 +169,5 @@ async def test_a_candidate_dying_mid_task_is_broken_and_the_reference_s_scores_s
     assert verdict["decisions"]["dying"]["decision"] == "broken"
     assert "tasks kvprobe_qa" in verdict["broken"]["dying"]
     rows = [e for e in run.events("tasks_sample") if e["server"] == ref["name"]]
-    assert len(rows) == 40  # what the reference answered is kept
+    assert len(rows) == 118  # what the reference answered is kept
     assert not [e for e in run.events("tasks_sample") if e["server"] == "dying"]
