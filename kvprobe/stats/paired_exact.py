@@ -8,9 +8,8 @@ concordant otherwise; the drop is p_lost - p_gained. The checks judge a drop aga
   the cells whose score statistic at the bar is at most -z, *and* the exact unconditional test of "drop >=
   bar" at the bar rejecting at 2.5% (the mirror of the fail side). Tango's upper end alone passed a
   candidate at a 0.10 bar up to 2.60% of the time (40 pairs, its worst nuisance); with the exact test the
-  pass region is the largest prefix of Tango's whose worst tail over the nuisance is at most 2.5%
-  (exact_pass_limits), so it holds 2.5% by construction, at a cost in power only at the sizes where
-  Tango's was over;
+  pass region is Tango's with its largest-statistic cells taken out until its worst tail over the
+  nuisance is at most 2.5% (exact_pass_limits), so it holds 2.5% by construction;
 - the fail side: Tango's lower end past the bar *and* the exact unconditional test of "drop <= bar" at the
   bar rejecting at 2.5% (Chan 1998: the outcomes ordered by Tango's statistic, the p-value the largest tail
   over the nuisance, the gained-pair probability, on the boundary p_lost = p_gained + bar). Tango's lower
@@ -96,23 +95,18 @@ def tango_passes(n: int, lost: np.ndarray, gained: np.ndarray, bar: float) -> np
     return tango_statistic(n, lost, gained, bar) <= -Z
 
 
-def most_lost_under(n: int, gained: np.ndarray, bar: float, t: float) -> np.ndarray:
-    """Per gained count, the most lost pairs whose statistic at the bar is at most `t` (-1: none). They are
-    a prefix (the statistic rises with every lost pair), so a bisection per gained count finds the boundary,
-    all gained counts at once."""
+def tango_most_lost(n: int, gained: np.ndarray, bar: float) -> np.ndarray:
+    """Per gained count, the most lost pairs whose Tango upper end is within the bar (-1: none). They are a
+    prefix (Tango's upper end rises with every lost pair), so a bisection per gained count finds the
+    boundary, all gained counts at once."""
     gained = np.asarray(gained, dtype=np.int64)
     lo, hi = np.full(gained.shape, -1, dtype=np.int64), n - gained
     while (open_ := lo < hi).any():
         mid = (lo + hi + 1) // 2
-        ok = tango_statistic(n, mid.astype(float), gained.astype(float), bar) <= t
+        ok = tango_passes(n, mid.astype(float), gained.astype(float), bar)
         lo = np.where(open_ & ok, mid, lo)
         hi = np.where(open_ & ~ok, mid - 1, hi)
     return lo
-
-
-def tango_most_lost(n: int, gained: np.ndarray, bar: float) -> np.ndarray:
-    """Per gained count, the most lost pairs whose Tango upper end is within the bar (-1: none)."""
-    return most_lost_under(n, gained, bar, -Z)
 
 
 def _pass_tails(n: int, most_lost: np.ndarray, bar: float) -> np.ndarray:
@@ -198,9 +192,9 @@ def pass_probability(n: int, bar: float, p_lost: float, p_gained: float) -> floa
     return float(terms.sum())
 
 
-def _nuisance(bar: float, grid: int = NUISANCE_GRID) -> np.ndarray:
+def _nuisance(bar: float) -> np.ndarray:
     """The gained-pair probabilities on the null's boundary p_lost = p_gained + bar."""
-    return np.linspace(max(0.0, -bar), (1.0 - bar) / 2.0, grid)
+    return np.linspace(max(0.0, -bar), (1.0 - bar) / 2.0, NUISANCE_GRID)
 
 
 def fewest_lost_reaching(n: int, gained: np.ndarray, bar: float, t_obs: float) -> np.ndarray:
