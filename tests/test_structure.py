@@ -25,8 +25,8 @@ from kvprobe.config import Config, parse_config
 from kvprobe.evaluate.plan import WHOLE_SIZE
 from kvprobe.probes import ORDER, PROBES, default_probes, help_text
 from kvprobe.run.budget import BudgetCost, Speed
-from kvprobe.verdict.checks import RULES3_PROBES
 from kvprobe.verdict.evidence import READERS
+from kvprobe.verdict.sealed.checks import RULES3_PROBES
 
 PACKAGE = Path(kvprobe.__file__).parent
 

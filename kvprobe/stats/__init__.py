@@ -5,7 +5,7 @@ when the whole interval is on the right side of it (a one-sided test at 2.5% aga
 interval fits the data: Tango's score interval for paired 0/1 outcomes (needles, task documents,
 answers cut at the cap) and, on the losses' mass, for bounded task scores; Student's t over units for
 a ratio of sums (perplexity, agreement) or a mean difference; Welch's t on log values for runs of two
-servers. The percentile bootstrap is kept for rules/2 verdicts (kvprobe.verdict.rules_v2) only: on paired
+servers. The percentile bootstrap is kept for rules/2 verdicts (kvprobe.verdict.sealed.rules_v2) only: on paired
 0/1 outcomes with no lost pair it gives an upper end of exactly 0, which passes any bar at any sample size.
 """
 

@@ -23,6 +23,7 @@ a candidate back is only a probe that was not asked for (--probes), which the de
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from kvprobe import __version__
@@ -30,8 +31,8 @@ from kvprobe.config import Bars
 from kvprobe.errors import EXIT_BAR_FAILED, EXIT_BROKEN, EXIT_INVALID, EXIT_OK
 from kvprobe.knob import DEFAULT as DEFAULT_KNOB
 from kvprobe.run.store import RunDir, dumps
-from kvprobe.verdict import rules_v2
-from kvprobe.verdict.checks import METHOD, RULES3_PROBES, RULES4_PROBES, capacity_of, gating, judge, pct
+from kvprobe.verdict import sealed
+from kvprobe.verdict.checks import METHOD, capacity_of, gating, judge, pct
 from kvprobe.verdict.evidence import gather
 from kvprobe.verdict.schema import check_written
 
@@ -59,14 +60,8 @@ SCHEMA_2 = "kvprobe.verdict/2"
 #    correlated block noise, no look before 8 blocks; recorded as the plan's `statistic`), and a look the
 #    design did not plan quotes no boundary.
 RULES = "kvprobe.rules/5"
-RULES_4 = "kvprobe.rules/4"
-RULES_3 = "kvprobe.rules/3"
-# Verdicts written under earlier rules are re-derived under their own (kvprobe verify).
-OLDER_RULES = {rules_v2.RULES: (rules_v2.SCHEMA, rules_v2.decide),
-               RULES_3: (SCHEMA_2, lambda inputs: decide(inputs, RULES3_PROBES, structured=False)),
-               RULES_4: (SCHEMA, lambda inputs: decide(inputs, RULES4_PROBES))}
-# rules/4 written in an earlier schema: the same decisions, signed without the fields schema 3 added.
-OLDER_SCHEMAS = {SCHEMA_2: lambda inputs: decide(inputs, RULES4_PROBES, structured=False)}
+# Verdicts written under earlier rules are re-derived under their own, sealed (kvprobe.verdict.sealed).
+RULES_4, RULES_3 = sealed.RULES_4, sealed.RULES_3
 DECISIONS = ("invalid", "broken", "reject", "no_gain", "inconclusive", "adopt")
 INPUT_KEYS = ("reference", "order", "bars", "servers", "pin", "broken", "probes", "probes_status")
 DERIVED_KEYS = ("decisions", "recommendation", "exit_code")
@@ -83,8 +78,7 @@ def _broken(base: dict[str, Any], checks: list[dict[str, Any]], why: str) -> dic
     return base | {"decision": "broken", "checks": checks, "reasons": reasons}
 
 
-def _decide_candidate(inputs: dict[str, Any], cand: str, bars: Bars, probes: dict[str, Any] | None,
-                      structured: bool) -> dict[str, Any]:
+def _decide_candidate(inputs: dict[str, Any], cand: str, bars: Bars) -> dict[str, Any]:
     ref = inputs["reference"]
     server = inputs["servers"].get(cand) or {}
     pin = inputs.get("pin") or {}
@@ -97,7 +91,7 @@ def _decide_candidate(inputs: dict[str, Any], cand: str, bars: Bars, probes: dic
         return base | {"decision": "invalid",
                        "reasons": [f"servers differ in more than the knob under test ({knob}): " + d["text"]
                                    for d in differences]}
-    checks = judge(inputs, cand, bars, probes, structured=structured)
+    checks = judge(inputs, cand, bars)
     if server.get("status") not in (None, "ok"):
         return _broken(base, checks, f"{cand} could not serve ({server.get('status')}): "
                                      f"{server.get('error') or 'no detail'}")
@@ -163,15 +157,14 @@ def _counts_against(inputs: dict[str, Any], decision: dict[str, Any]) -> bool:
                for c in decision["checks"] if gating(c)) or decision.get("capacity_gain") is None
 
 
-def decide(inputs: dict[str, Any], probes: dict[str, Any] | None = None, *, structured: bool = True
-           ) -> dict[str, Any]:
-    """The decisions, the recommendation and the exit code from the inputs alone. `probes`: the check
-    functions of older rules; `structured`: False for a verdict of a schema before 3."""
+def decide(inputs: dict[str, Any]) -> dict[str, Any]:
+    """The decisions, the recommendation and the exit code from the inputs alone, under these rules (an older
+    verdict's: `decider`)."""
     bars = Bars.model_validate(inputs.get("bars") or {})
     ref = inputs["reference"]
     order = list(inputs.get("order") or inputs["servers"])
     candidates = [n for n in order if n != ref and (inputs["servers"].get(n) or {}).get("role") != "reference"]
-    decisions = {c: _decide_candidate(inputs, c, bars, probes, structured) for c in candidates}
+    decisions = {c: _decide_candidate(inputs, c, bars) for c in candidates}
 
     adopted = [c for c in candidates if decisions[c]["decision"] == "adopt"]
     if adopted:
@@ -254,19 +247,21 @@ def same(recorded: Any, current: Any) -> bool:
     return type(recorded) is type(current) and recorded == current
 
 
+def decider(rules: Any, schema: Any) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
+    """The decision a verdict's own rules make from its inputs: these rules', or older rules' sealed
+    (kvprobe.verdict.sealed); None for rules this kvprobe does not know."""
+    if (rules, schema) == (RULES, SCHEMA):
+        return decide
+    return sealed.DECIDERS.get((rules, schema))
+
+
 def rederive(verdict: dict[str, Any]) -> list[str]:
     """Differences between the verdict's recorded decisions and those its own numbers give now, under
     the rules it was written with."""
     rules, schema = verdict.get("rules"), verdict.get("schema")
-    if rules == RULES and schema == SCHEMA:
-        decide_under = decide
-    elif rules in OLDER_RULES and OLDER_RULES[rules][0] == schema:
-        decide_under = OLDER_RULES[rules][1]
-    elif rules == RULES_4 and schema in OLDER_SCHEMAS:
-        decide_under = OLDER_SCHEMAS[schema]
-    else:
-        known = ", ".join(sorted([f"{SCHEMA} / {RULES}", *(f"{s} / {RULES_4}" for s in OLDER_SCHEMAS),
-                                  *(f"{s} / {r}" for r, (s, _) in OLDER_RULES.items())]))
+    decide_under = decider(rules, schema)
+    if decide_under is None:
+        known = ", ".join(sorted(f"{s} / {r}" for r, s in [(RULES, SCHEMA), *sealed.DECIDERS]))
         return [f"verdict schema {schema!r} / rules {rules!r}: this kvprobe re-derives {known} only"]
     missing = [k for k in (*INPUT_KEYS, *DERIVED_KEYS) if k not in verdict]
     if missing:

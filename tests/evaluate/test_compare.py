@@ -20,7 +20,7 @@ from recorded import RUNS
 
 from kvprobe.cli import main
 from kvprobe.evaluate.compare import _binary, _continuous, paired_line
-from kvprobe.verdict.build import INPUT_KEYS, OLDER_RULES, RULES, decide, verdict_bytes
+from kvprobe.verdict.build import INPUT_KEYS, decider, verdict_bytes
 from kvprobe.verdict.sign import SigningKey, allowed_signers_line, parse_signature, sign_file
 
 DEMO = RUNS / "amd-avx2-demo"
@@ -49,7 +49,7 @@ def edited(tmp_path: Path, edit: Any, name: str = "B", sign: bool = True) -> Pat
     written with (so it verifies), written alone (no run directory beside it) and signed by the test key."""
     verdict = orjson.loads((DEMO / "verdict.json").read_bytes())
     edit(verdict)
-    decide_under = decide if verdict["rules"] == RULES else OLDER_RULES[verdict["rules"]][1]
+    decide_under = decider(verdict["rules"], verdict["schema"])
     verdict.update(decide_under({k: verdict[k] for k in INPUT_KEYS}))
     path = tmp_path / name / "verdict.json"
     path.parent.mkdir()

@@ -1,5 +1,5 @@
 """rules/2 stays re-derivable: every recorded rules/2 verdict (real runs on an Intel Xeon with AMX and on an
-NVIDIA H200) gives the same decisions, checks, recommendation and exit code under kvprobe.verdict.rules_v2."""
+NVIDIA H200) gives the same decisions, checks, recommendation and exit code under kvprobe.verdict.sealed.rules_v2."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from kvprobe.verdict import rules_v2
 from kvprobe.verdict.build import rederive, same
+from kvprobe.verdict.sealed import rules_v2
 
 RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
 INPUT_KEYS = ("reference", "order", "bars", "servers", "pin", "broken", "probes", "probes_status")

@@ -17,17 +17,15 @@ from verdict_inputs import Measurements
 
 from kvprobe.cli import main
 from kvprobe.errors import SchemaViolation
-from kvprobe.verdict import rules_v2
 from kvprobe.verdict import schema as verdict_schema
 from kvprobe.verdict.build import (
     DECISIONS,
     INPUT_KEYS,
-    OLDER_RULES,
-    OLDER_SCHEMAS,
     RULES,
     RULES_4,
     SCHEMA,
     build_verdict,
+    decider,
     rederive,
     verdict_bytes,
     write_verdict,
@@ -35,6 +33,7 @@ from kvprobe.verdict.build import (
 from kvprobe.verdict.checks import STRUCTURED_KEYS
 from kvprobe.verdict.evidence import PROBES
 from kvprobe.verdict.schema import CHECK_ID, REGENERATE, SCHEMA_FILE, VerdictModelError, problems, schema_text
+from kvprobe.verdict.sealed import DECIDERS, rules_v2
 from kvprobe.verdict.sign import allowed_signers_line, load_signing_key, sign_file
 from kvprobe.verdict.verify import verify_verdict
 
@@ -68,8 +67,8 @@ def test_the_checked_in_schema_is_the_models() -> None:
 
 
 def test_the_model_names_every_version_rule_set_decision_and_probe_kvprobe_has() -> None:
-    assert {SCHEMA, *OLDER_SCHEMAS, *(s for s, _ in OLDER_RULES.values())} == set(verdict_schema.SCHEMA_VERSIONS)
-    assert {RULES, *OLDER_RULES} == set(get_args(verdict_schema.RulesVersion))
+    assert {SCHEMA, *(s for _, s in DECIDERS)} == set(verdict_schema.SCHEMA_VERSIONS)
+    assert {RULES, *(r for r, _ in DECIDERS)} == set(get_args(verdict_schema.RulesVersion))
     assert get_args(verdict_schema.DecisionKind) == DECISIONS
     assert set(get_args(verdict_schema.Probe)) == set(PROBES)
     assert rules_v2.SCHEMA not in verdict_schema.CHECK_REQUIRES  # rules/2 checks had no ids
@@ -152,7 +151,7 @@ def test_rules4_in_the_earlier_schema_still_rederives(current: dict) -> None:
     rules/4's own checks (answers_rules4), which size the Xeon's kvprobe_qa bar otherwise than rules/5."""
     rules4 = copy.deepcopy(current) | {"rules": RULES_4}
     assert rederive(rules4)  # the same numbers, decided under rules/5, are not what rules/4 says
-    rules4.update(OLDER_RULES[RULES_4][1]({k: rules4[k] for k in INPUT_KEYS}))
+    rules4.update(decider(RULES_4, SCHEMA)({k: rules4[k] for k in INPUT_KEYS}))
     rules4 = orjson.loads(verdict_bytes(rules4))
     assert problems(orjson.dumps(rules4)) == [] and rederive(rules4) == []
     older = copy.deepcopy(rules4) | {"schema": "kvprobe.verdict/2"}

@@ -8,17 +8,15 @@ Pure functions of the verdict's inputs: `kvprobe verify` runs them again on a si
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from kvprobe.stats import power
-from kvprobe.verdict.checks import answers_rules4, speed_rules3
 from kvprobe.verdict.checks._common import MIN_PASSAGES, MIN_SCORED_SHARE, pct
 from kvprobe.verdict.checks.answers import needle_checks, task_checks
 from kvprobe.verdict.checks.quality import agreement_checks, perplexity_check
 from kvprobe.verdict.checks.speed import case_key, load_checks, natural_order, runs_by_case
 
-__all__ = ["METHOD", "MIN_PASSAGES", "MIN_SCORED_SHARE", "RULES3_PROBES", "RULES4_PROBES", "STRUCTURED_KEYS",
+__all__ = ["METHOD", "MIN_PASSAGES", "MIN_SCORED_SHARE", "STRUCTURED_KEYS",
            "capacity_of", "case_key", "gating", "judge", "judge_probe", "live_checks", "natural_order", "pct",
            "runs_by_case"]
 
@@ -55,16 +53,9 @@ _PROBES = {
 }
 
 
-# rules/4 judged answers as answers_rules4 says, and told an undecided speed endpoint any count of blocks.
-RULES4_PROBES = {**_PROBES, "needle": answers_rules4.needle_checks, "tasks": answers_rules4.task_checks,
-                 "load": functools.partial(_PROBES["load"], cap_advice=False)}
-# rules/3 judged speed per case with Welch intervals; answers as rules/4.
-RULES3_PROBES = {**RULES4_PROBES, "load": speed_rules3.load_checks}
-
 # Fields a check carries from verdict schema 3 on, beside the words that say the same: a case as typed
 # fields, the cases an endpoint averages over, and the client-limited blocks a speed check dropped, with
-# why. A verdict of an earlier schema was signed without them, so `judge(structured=False)` leaves them
-# out to re-derive its bytes.
+# why. A verdict of an earlier schema was signed without them (kvprobe.verdict.sealed re-derives those).
 STRUCTURED_KEYS = ("case_fields", "scope_cases", "dropped_client_limited", "client_limited_reason")
 
 
@@ -91,15 +82,10 @@ def live_checks(probe: str, summary: dict[str, Any], reference: str, candidates:
     return {cand: judge_probe(probe, inputs, cand, bars) for cand in candidates if cand != reference}
 
 
-def judge(inputs: dict[str, Any], cand: str, bars: Any, probes: dict[str, Any] | None = None, *,
-          structured: bool = True) -> list[dict[str, Any]]:
-    """Every check of one candidate, with `needed` sized for its whole family of gating checks.
-    `probes`: the check functions of older rules (RULES3_PROBES), for `kvprobe verify`; `structured`:
-    False for a verdict of a schema before STRUCTURED_KEYS."""
-    probes = probes or _PROBES
-    checks = [c for probe in probes for c in probes[probe](inputs, cand, bars)]
-    if not structured:
-        checks = [{k: v for k, v in c.items() if k not in STRUCTURED_KEYS} for c in checks]
+def judge(inputs: dict[str, Any], cand: str, bars: Any) -> list[dict[str, Any]]:
+    """Every check of one candidate, under these rules, with `needed` sized for its whole family of gating
+    checks (older rules' checks: kvprobe.verdict.sealed.checks)."""
+    checks = [c for probe in _PROBES for c in _PROBES[probe](inputs, cand, bars)]
     family = sum(c["outcome"] != "not_measured" and gating(c) for c in checks)
     for check in checks:
         block = check.get("power")

@@ -14,7 +14,7 @@ where larger is worse (a lower-is-better score's rise is its loss):
   (kvprobe.stats.bounded_paired_interval), never narrower than a 0/1 score's, and a pass needs at least
   the zero-loss size (the fewest documents at which a candidate that loses nothing at all can pass).
   rules/4's t interval was [0, 0] when no document differed: 5 identical documents passed any bar.
-A separate bar holds the rise in answers the cap cut. rules/4's version: answers_rules4.
+A separate bar holds the rise in answers the cap cut. rules/4's version: kvprobe.verdict.sealed.answers_rules4.
 """
 
 from __future__ import annotations

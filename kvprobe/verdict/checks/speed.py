@@ -167,12 +167,10 @@ def _loss_of(log_loss: float, drop: bool) -> float:
 
 
 def endpoint_check(check_id: str, bar_name: str, metric: str, losses: list[float], dropped: int, scope_text: str,
-                   limit: float, plan: sequential.Design, *, drop: bool, stop: str | None = None,
-                   cap_advice: bool = True) -> dict[str, Any]:
+                   limit: float, plan: sequential.Design, *, drop: bool, stop: str | None = None) -> dict[str, Any]:
     """The sequential decision on one primary endpoint. `stop`: why the probe ended before n_max blocks
-    (a budget, a broken server), for the words of an undecided endpoint. `cap_advice`: past
-    UNSETTLED_FACTOR x the design's blocks, say the design cannot settle it instead of a count (rules/4
-    gave the count)."""
+    (a budget, a broken server), for the words of an undecided endpoint: past UNSETTLED_FACTOR x the
+    design's blocks they say the design cannot settle it, not a count."""
     margin = _margin(limit, drop)
     at = sequential.settle(losses, margin, plan)
     seq: dict[str, Any] = {"design": plan.as_dict(), "blocks": len(losses), "dropped_client_limited": dropped,
@@ -198,8 +196,8 @@ def endpoint_check(check_id: str, bar_name: str, metric: str, losses: list[float
     side = "pass" if at.t_pass >= at.t_fail else "fail"
     b = at.boundary if side == "pass" else plan.fail_boundary(min(at.n, plan.n_max))
     crossing = f"{side} boundary t > {b:.2f} (t = {t_best:.2f})" if math.isfinite(b) else "no boundary yet"
-    if cap_advice and not at.at_look and math.isfinite(b):
-        # rules/5: a look the design did not plan never decides, so it quotes no boundary it could seem to
+    if not at.at_look and math.isfinite(b):
+        # A look the design did not plan never decides, so it quotes no boundary it could seem to
         # cross (rules/4 printed "pass boundary t > 4.86 (t = 5.30) ... inconclusive")
         crossing = f"{at.n} blocks is not a planned look: no decision there (t = {t_best:.2f})"
     drift = seq["drift_per_block"]
@@ -218,7 +216,7 @@ def endpoint_check(check_id: str, bar_name: str, metric: str, losses: list[float
             state, why = ("spent", stop) if stop else ("open", "not yet")
         more = at.more_blocks if at.more_blocks is not None else sequential._more_blocks(
             at.n, at.mean, at.sd, margin, plan)
-        if more and cap_advice and at.n + more > UNSETTLED_FACTOR * plan.n_max:
+        if more and at.n + more > UNSETTLED_FACTOR * plan.n_max:
             advice = "; this design cannot settle it: lengthen the budget or quiet the servers"
         else:
             advice = f"; about {more} more blocks would settle it" if more else ""
@@ -302,12 +300,12 @@ def _p_above(diff: float, se: float, df: int) -> float:
 _NONE_DROPPED = {"dropped_client_limited": 0, "client_limited_reason": None}
 
 
-def load_checks(inputs: dict[str, Any], cand: str, bars: Any, *, cap_advice: bool = True) -> list[dict[str, Any]]:
-    """The primary endpoint(s), then the guardrails. `cap_advice`: endpoint_check's (False: rules/4's words)."""
-    return [_NONE_DROPPED | check for check in _load_checks(inputs, cand, bars, cap_advice)]
+def load_checks(inputs: dict[str, Any], cand: str, bars: Any) -> list[dict[str, Any]]:
+    """The primary endpoint(s), then the guardrails."""
+    return [_NONE_DROPPED | check for check in _load_checks(inputs, cand, bars)]
 
 
-def _load_checks(inputs: dict[str, Any], cand: str, bars: Any, cap_advice: bool) -> list[dict[str, Any]]:
+def _load_checks(inputs: dict[str, Any], cand: str, bars: Any) -> list[dict[str, Any]]:
     probe = inputs["probes"].get("load")
     if probe is None:
         from kvprobe.verdict.checks._common import probe_missing
@@ -345,8 +343,7 @@ def _load_checks(inputs: dict[str, Any], cand: str, bars: Any, cap_advice: bool)
         losses, _, dropped = blocks.losses(scope, THROUGHPUT, drop=True)
         out.append(endpoint_check("load.endpoint.throughput_drop", "throughput_drop_max",
                                   f"throughput drop, {scope_text}",
-                                  losses, dropped, scope_text, bars.throughput_drop_max, plan, drop=True, stop=stop,
-                                  cap_advice=cap_advice)
+                                  losses, dropped, scope_text, bars.throughput_drop_max, plan, drop=True, stop=stop)
                    | {"scope_cases": scope_cases, "dropped_client_limited": dropped,
                       "client_limited_reason": blocks.dropped_reason(scope, THROUGHPUT)})
         latency = design.get("latency_endpoint")
@@ -355,7 +352,7 @@ def _load_checks(inputs: dict[str, Any], cand: str, bars: Any, cap_advice: bool)
             losses, _, dropped = blocks.losses(scope, key, drop=False)
             out.append(endpoint_check(f"load.endpoint.{latency}_rise", "p99_latency_rise_max",
                                       f"{label} rise, {scope_text}", losses, dropped, scope_text,
-                                      bars.p99_latency_rise_max, plan, drop=False, stop=stop, cap_advice=cap_advice)
+                                      bars.p99_latency_rise_max, plan, drop=False, stop=stop)
                        | {"scope_cases": scope_cases, "dropped_client_limited": dropped,
                           "client_limited_reason": blocks.dropped_reason(scope, key)})
     out += _guardrails(blocks, bars, fields)

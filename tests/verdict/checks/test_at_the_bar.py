@@ -14,8 +14,9 @@ import pytest
 from kvprobe.config import Bars, NeedleSettings
 from kvprobe.stats import paired_binary_interval
 from kvprobe.stats import paired_exact as pe
-from kvprobe.verdict import rules_v2
-from kvprobe.verdict.checks import RULES4_PROBES, judge_probe
+from kvprobe.verdict.checks import judge_probe
+from kvprobe.verdict.sealed import rules_v2
+from kvprobe.verdict.sealed.checks import RULES4_PROBES
 
 SIMS = 2000
 LEGACY_N = 40  # the size at which the older rules' excess was measured (the shipped sizes until issue 33)

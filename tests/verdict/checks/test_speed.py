@@ -9,7 +9,8 @@ import pytest
 
 from kvprobe.config import Bars
 from kvprobe.verdict.build import decide
-from kvprobe.verdict.checks import RULES4_PROBES, judge, judge_probe
+from kvprobe.verdict.checks import judge, judge_probe
+from kvprobe.verdict.sealed.checks import RULES4_PROBES
 
 BARS = Bars(throughput_drop_max=0.05, p99_latency_rise_max=0.10)
 DESIGN = {"endpoint": "sweep", "latency_endpoint": None, "max_blocks": 20, "look_every": 4, "repeats": None}

@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from kvprobe.stats import Interval, mcnemar_p, mean_t_interval, paired_binary_interval, power
-from kvprobe.verdict.checks._common import (
+from kvprobe.verdict.sealed import power
+from kvprobe.verdict.sealed.answers import Answer, Pairing, _cap_words, _count, pair_answers
+from kvprobe.verdict.sealed.common import (
     MIN_SCORED_SHARE,
     judged,
     make_check,
@@ -22,7 +23,7 @@ from kvprobe.verdict.checks._common import (
     probe_missing,
     with_power,
 )
-from kvprobe.verdict.checks.answers import Answer, Pairing, _cap_words, _count, pair_answers
+from kvprobe.verdict.sealed.stats import Interval, mcnemar_p, mean_t_interval, paired_binary_interval
 
 
 def _score_interval(p: Pairing, higher_is_better: bool) -> tuple[Interval, dict[str, Any]]:

@@ -15,8 +15,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from kvprobe.errors import EXIT_BAR_FAILED, EXIT_BROKEN, EXIT_INVALID, EXIT_OK
-from kvprobe.stats import Interval, bar_outcome, log_ratio_se, loss_interval, paired_bootstrap, ratio_interval
+from kvprobe.verdict.sealed.exits import EXIT_BAR_FAILED, EXIT_BROKEN, EXIT_INVALID, EXIT_OK
+from kvprobe.verdict.sealed.stats import (
+    Interval,
+    bar_outcome,
+    log_ratio_se,
+    loss_interval,
+    paired_bootstrap,
+    ratio_interval,
+)
 
 RULES = "kvprobe.rules/2"
 SCHEMA = "kvprobe.verdict/1"

@@ -14,10 +14,10 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from kvprobe.stats import loss_interval, welch_log_ratio
-from kvprobe.stats.client_limit import P99_KEYS, limited
-from kvprobe.verdict.checks._common import iv_text, judged, make_check, not_measured, pct, probe_missing, with_power
-from kvprobe.verdict.checks.speed import case_key, natural_order  # the case identity rules/3 and /4 share
+from kvprobe.verdict.sealed.client_limit import P99_KEYS, limited
+from kvprobe.verdict.sealed.common import iv_text, judged, make_check, not_measured, pct, probe_missing, with_power
+from kvprobe.verdict.sealed.speed import case_key, natural_order  # the case identity rules/3 and /4 share
+from kvprobe.verdict.sealed.stats import loss_interval, welch_log_ratio
 
 
 def _samples(cases: list[dict[str, Any]], key: str) -> list[float]:
