@@ -113,14 +113,22 @@ def test_a_latency_endpoint_is_a_second_primary_with_the_fail_side_split() -> No
 
 def test_client_limited_blocks_are_dropped_and_counted() -> None:
     quiet = {"client_stamps": "kernel", "client_cpu_share": 0.2, "client_loop_lag_mean_s": 0.001, "e2e_p50_s": 1.0}
-    ref = _case([100 * math.exp(x) for x in _noise(6, 0.01)], [1.0] * 6, **quiet)
-    cand = _case([100 * math.exp(x) for x in _noise(6, 0.01, 1)], [1.0] * 6, **quiet)
+    ref = _case([100 * math.exp(x) for x in _noise(8, 0.01)], [1.0] * 8, **quiet)
+    cand = _case([100 * math.exp(x) for x in _noise(8, 0.01, 1)], [1.0] * 8, **quiet)
     cand["repeats"][1] |= {"client_cpu_share": 0.99}  # the client used a whole core
-    ref["repeats"][2] |= {"client_loop_lag_mean_s": 0.02}  # turns 2% late: over a quarter of the 5% bar
-    cand["repeats"][3] |= {"client_loop_lag_mean_s": 0.008}  # 0.8% late: noise the paired t carries
+    ref["repeats"][2] |= {"client_loop_lag_mean_s": 0.02}  # the reference's turns 1.9% later: over a quarter of 5%
+    cand["repeats"][3] |= {"client_loop_lag_mean_s": 0.008}  # 0.7% later: noise the paired t carries
+    for side in (ref, cand):  # both sides 2.4% late: the box was busy for both, the ratio is not moved
+        side["repeats"][4] |= {"client_loop_lag_mean_s": 0.024}
     ep = _checks([ref], [cand])[ENDPOINT]
-    assert ep["sequential"]["dropped_client_limited"] == 2 and ep["sequential"]["blocks"] == 4
+    assert ep["sequential"]["dropped_client_limited"] == 2 and ep["sequential"]["blocks"] == 6
     assert "2 client-limited blocks dropped" in ep["text"]
+    assert ep["client_limited_reason"] == "cand block 2 at shape=default agents=4: the client used a whole core"
+    ref["repeats"][1]["client_cpu_share"] = cand["repeats"][1]["client_cpu_share"] = 0.2
+    ep = _checks([ref], [cand])[ENDPOINT]
+    assert ep["client_limited_reason"] == (
+        "ref block 3 at shape=default agents=4: the client sent its turns 1.9% of a request's median span later than "
+        "the other's (ref 2.0%, cand 0.1%), over a quarter of the 5% throughput bar")
 
 
 def test_guardrails_never_hold_adopt_back_but_a_failed_one_rejects() -> None:
