@@ -1,10 +1,10 @@
 """The speed decision against a real vLLM server (kvprobe.stats.sequential, kvprobe.verdict.checks.speed): three names
 for the one reference server. The twin is the same server under another name: an A/A pair, which must
-pass speed within the design's 20 blocks (no proxy for these two: on a 2-core box a Python proxy's
-threads take the cores the server computes on). The slow one goes through a pass-through proxy
-(tests/faultproxy.py) that holds every streamed event 2.5 times the server's own gap between tokens
-(measured on one stream), so it, not the server, sets the pace: about half the output tokens/s (the
-ratio is printed). It must fail at an early look, and get no more blocks after.
+never fail, and must pass within the design's 20 blocks wherever its blocks were quiet enough for that
+(no proxy for these two: on a 2-core box a Python proxy's threads take the cores the server computes on).
+The slow one goes through a pass-through proxy (tests/faultproxy.py) that holds every streamed event 2.5
+times the server's own gap between tokens (measured on one stream), so it, not the server, sets the pace:
+about half the output tokens/s (the ratio is printed). It must fail at an early look, and get no more blocks after.
 
 kvprobe runs as the `kvprobe eval` command in its own process, as an operator runs it, so the proxy's
 threads never share an interpreter with the client they time."""
@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
+import statistics
 import subprocess
 import sys
 import time
@@ -22,15 +24,16 @@ import httpx
 import pytest
 from faultproxy import Fault, FaultProxy
 
+from kvprobe.stats import sequential
 from kvprobe.testbed import LocalServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(30_000)]  # logged in conftest
 
 # A 20% bar, declared for this box: on a 2-core machine that the server shares with its client, runs of 16
-# requests (3-4 s) spread by about 0.17 in block log ratio (measured on the AVX2 EPYC, 2026-12-03: an A/A
-# pair then passed a 10% bar only at the 20th block, 2 runs in 3). At 0.20 an equal candidate passes in
-# about 9 blocks and 99.9% of the time within 20 (kvprobe.stats.sequential's design, as benchmarks/
-# speed_decision.py simulates it); a quiet machine passes the default 5% (same benchmark).
+# requests (3-4 s) spread by about 0.17 in block log ratio (measured on the AVX2 EPYC, 2026-12-03), and by 0.23
+# on a host that stole the cores (a CI run, 2026-12-05). The robust design (kvprobe.stats.sequential.operating)
+# passes an equal candidate within 20 blocks 0.96 of the time at 0.15, 0.90 at 0.17, 0.73 at 0.20, 0.56 at 0.23:
+# so the twin must pass only where its own blocks' spread gives 0.95 or more (_equal_pass).
 CONFIG = """
 [bars]
 throughput_drop_max = 0.20
@@ -75,6 +78,20 @@ def _token_gap(url: str) -> float:
     return sorted(gaps)[len(gaps) // 2]
 
 
+def _equal_pass(load_json: Path, ref: str, cand: str, bar: float) -> tuple[float, float]:
+    """The spread of the pair's block log ratios (output tokens/s, block by block), and the recorded
+    design's P(pass | equal) at that spread (kvprobe.stats.sequential.operating, seeded)."""
+    load = json.loads(load_json.read_text())
+
+    def rates(name: str) -> list[float]:
+        return [r["output_tokens_per_s"] for r in load["servers"][name]["cases"][0]["repeats"]]
+
+    ratios = [math.log(c / r) for r, c in zip(rates(ref), rates(cand), strict=False)]
+    spread = statistics.stdev(ratios)
+    design = sequential.of_settings(load["design"])
+    return spread, sequential.operating(design, spread, -math.log1p(-bar), 0.0, 4_000)[0]
+
+
 def test_a_twin_passes_speed_and_a_slowed_candidate_fails(vllm_servers: dict[str, LocalServer],
                                                           tmp_path: Path) -> None:
     upstream = vllm_servers["reference"].url
@@ -100,7 +117,18 @@ def test_a_twin_passes_speed_and_a_slowed_candidate_fails(vllm_servers: dict[str
     assert slow_check["outcome"] == "fail", slow_check["text"]
     assert slow_check["ratio"] < 0.7  # held on purpose: well past the 20% bar
     assert slow_check["sequential"]["look"]["n"] <= 8  # a 30% loss is settled at an early look
-    assert twin_check["outcome"] == "pass", twin_check["text"]
+    # The twin is equal by construction: it never fails, and it passes wherever the box was quiet enough for
+    # this design to pass an equal candidate (P >= 0.95 at the spread its own blocks measured). On a host
+    # that steals the cores, blocks spread 0.23 (a CI run: 20 blocks, t 3.82 against 3.92), and then
+    # inconclusive is the honest answer, with the blocks it would take.
+    assert twin_check["outcome"] in ("pass", "inconclusive"), twin_check["text"]
+    spread, p_pass = _equal_pass(out / "load.json", "ref", "twin", 0.20)
+    print(f"twin blocks spread {spread:.3f} (log ratio): the design passes an equal candidate {p_pass:.3f}")
+    if p_pass >= 0.95:
+        assert twin_check["outcome"] == "pass", twin_check["text"]
+    else:
+        assert twin_check["outcome"] == "pass" or "inconclusive (all 20 blocks used" in twin_check["text"], \
+            twin_check["text"]
     assert twin_check["sequential"]["look"]["n"] in twin_check["sequential"]["design"]["looks"]
     # once failed, the slow candidate gets no more blocks; the reference runs every block the twin needs
     cases = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
