@@ -296,7 +296,7 @@ def probe_settings(config: Config, probes: list[str], context: Context, found: d
     """Per probe, the settings that decide what it measures and how much."""
     from kvprobe.load.workload import shapes_of
     from kvprobe.probes.load import shape_need
-    from kvprobe.stats.sequential import planned_looks
+    from kvprobe.stats.sequential import STATISTIC, planned_looks
 
     out: dict[str, Any] = {}
     if "capacity" in probes:
@@ -327,7 +327,8 @@ def probe_settings(config: Config, probes: list[str], context: Context, found: d
                         "max_gen_toks": t.max_gen_toks, "limit": t.limit, "num_concurrent": t.num_concurrent}
     if "load" in probes:
         ld = config.load
-        looks = [ld.repeats] if ld.repeats is not None else list(planned_looks(ld.max_blocks, ld.look_every))
+        looks = ([ld.repeats] if ld.repeats is not None
+                 else list(planned_looks(ld.max_blocks, ld.look_every, statistic=STATISTIC)))
         out["load"] = {
             "shapes": [{**s.describe(), "agents": list(s.agents), "last_turn_tokens": shape_need(s)}
                        for s in shapes_of(ld)],

@@ -14,8 +14,8 @@ project's own rule at a stated spread, never a normal approximation of it:
   that repeats itself exactly (the CPU build does); the t interval's upper end within log(1 + bar) is a
   noncentral t event, and fewer than MIN_PASSAGES passages never pass;
 - speed: the declared sequential design (kvprobe.stats.sequential.of_settings) simulated by
-  `operating` at a block spread of BLOCK_SPREAD, seeded, over the whole design (a budget_s may stop it
-  sooner).
+  `operating` at a block spread of BLOCK_SPREAD (the CPU demos'), seeded, over the whole design (a budget_s
+  may stop it sooner), with what it becomes at the H200 runs' GPU_SPREAD beside it.
 
 P(adopt | equal) is the product of the gating checks' probabilities: it treats them as independent. The
 capacity gain is no sampled figure (a candidate frees memory or does not) and an agreement bar has no
@@ -24,8 +24,9 @@ stated spread: neither is in the product, and the plan says so.
 When the product is under 0.8 the probes that can be enlarged (needles, each task's documents,
 perplexity passages) share what the fixed checks leave equally: each is grown to the fewest units at
 which its own checks reach (0.8 / fixed)^(1/k), a probe already there kept at its size and its share
-given to the rest. Each size is costed by the probe's own model (its module's budget_cost, the task
-documents as `kvprobe check` costs them) at the speeds the caller gives.
+given to the rest. Where the speed endpoint holds it under, the plan names the max_blocks that would
+reach it (a budget_s must then hold those blocks). Each size is costed by the probe's own model (its
+module's budget_cost, the task documents as `kvprobe check` costs them) at the speeds the caller gives.
 """
 
 from __future__ import annotations
@@ -44,13 +45,14 @@ from kvprobe.verdict.checks import MIN_PASSAGES
 
 TARGET = 0.8
 DISAGREEMENT = 0.05
-# The sd of one block's sweep-mean log throughput ratio on the CPU demo (benchmarks/speed_decision.py,
-# DEMO_SIGMA): nothing is measured before the load probe's pilot.
-BLOCK_SPREAD = 0.0215
-# What the 2-core CPU demos measured on 2026-12-05 (fp8 vs auto, the robust design, 600 s): 0.048 over 13 blocks
-# on an Intel Xeon AMX (family 6 model 167), 0.050 over 11 on family 6 model 207. The plan says what its speed
-# figure becomes there (benchmarks/operating_characteristics.py: about 31 blocks reach P(adopt | equal) 0.8).
-MEASURED_SPREAD = 0.049
+# The sd of one block's sweep-mean log throughput ratio, what the 2-core CPU demos measured on 2026-12-05 (fp8
+# vs auto, the robust design): 0.048 over 13 blocks on an Intel Xeon AMX (family 6 model 167), 0.050 over 11 on
+# family 6 model 207. Nothing is measured before the load probe's pilot, which re-plans at its own spread; an
+# early Xeon pilot's 0.0215 was the quiet end, and planning there promised a pass the demos did not get.
+BLOCK_SPREAD = 0.049
+# The H200 runs of needle-llama (vLLM 0.26, the default budget): 0.047 to 0.117 over 7 blocks, 0.076 in the
+# middle (tests/fixtures/runs/h200-*, docs/speed.md). The plan says what its speed figure becomes there.
+GPU_SPREAD = 0.076
 # The sd of a passage's log-perplexity rise per byte, fp8 against auto on the Xeon demo
 # (tests/fixtures/runs/xeon-amx-demo; its delta's se over 16 passages was 0.28%).
 PASSAGE_SPREAD = 0.0112
@@ -174,7 +176,12 @@ def _check_pass(bar: str, limit: float, n: int, d: float, d_cut: float, spread: 
 def _unit(probe: str, setting: str, unit: str, have: int, checks: list[tuple[str, str, float]], d: float,
           d_cut: float, spread: float, most: int | None = None, source: str = "") -> _Unit:
     def p_at(n: int) -> float:
-        return math.prod(_check_pass(bar, limit, n, d, d_cut, spread) for _, bar, limit in checks)
+        p = 1.0
+        for _, bar, limit in checks:  # a check that cannot pass ends it: the rest are exact sums, costly at large n
+            p *= _check_pass(bar, limit, n, d, d_cut, spread)
+            if p == 0.0:
+                break
+        return p
     return _Unit(probe, setting, unit, have, tuple(checks), p_at, most, source)
 
 
@@ -324,11 +331,12 @@ def plan_power(config: Config, probes: Sequence[str], *, documents: dict[str, in
                "speeds": [{"prompt_tokens_per_s": s.prompt_tokens_per_s, "s_per_decoded_token": s.s_per_decoded_token}
                           for s in speeds]}
     out = PowerPlan(checks, math.prod(c.p_pass for c in checks), assumed, left)
-    if "load" in probes and not load.advisory and block_spread < MEASURED_SPREAD:
+    if "load" in probes and not load.advisory and block_spread < GPU_SPREAD:
         out.caveats.append(measured_speed(load, config.bars.throughput_drop_max, block_spread))
     if out.reaches or not units:
         if not out.reaches:
-            out.why_not = "no planned probe's size can be raised to reach it"
+            out.why_not = "no planned probe's size can be raised to reach it" + _more_blocks(
+                config, out, block_spread)
         return out
 
     def seconds(probe: str, n: int) -> list[float]:
@@ -346,20 +354,55 @@ def plan_power(config: Config, probes: Sequence[str], *, documents: dict[str, in
                                   u.p_at(need) if need is not None else None, seconds(u.probe, u.have),
                                   seconds(u.probe, need) if need is not None else None, note))
     if any(r.need is None for r in out.resizes):
-        out.why_not = ("the checks that cannot be resized hold it under 0.8" if fixed < TARGET
-                       else f"no size up to {MAX_UNITS:,} reaches it")
+        out.why_not = ("the checks that cannot be resized hold it under 0.8" + _more_blocks(config, out, block_spread)
+                       if fixed < TARGET else f"no size up to {MAX_UNITS:,} reaches it")
         return out
     out.p_adopt_resized = fixed * math.prod(r.p_need or 0.0 for r in out.resizes)
     return out
 
 
 def measured_speed(load: Any, bar: float, assumed: float) -> str:
-    """The speed endpoint's P(pass | equal) at the spread the CPU demos measured, beside the assumed one."""
-    p = speed_pass(load, bar, MEASURED_SPREAD)
-    return (f"speed is planned at an assumed block spread of {assumed:g}; the 2-core CPU demos measured "
-            f"{MEASURED_SPREAD:g}, where this design passes an equal candidate {p:.2f} over all its {load.blocks} "
-            f"blocks (fewer when budget_s stops it first), and P(adopt | equal) is that times the rest: the load "
-            "probe's pilot measures the spread and says what would settle it")
+    """The speed endpoint's P(pass | equal) at the H200 runs' spread, beside the one planned at."""
+    p = speed_pass(load, bar, GPU_SPREAD)
+    return (f"speed is planned at a block spread of {assumed:g} (the 2-core CPU demos'); the H200 runs of a 5M "
+            f"model measured {GPU_SPREAD:g}, where this design passes an equal candidate {p:.2f} over all its "
+            f"{load.blocks} blocks (fewer when budget_s stops it first), and P(adopt | equal) is that times the rest: "
+            "the load probe's pilot measures the spread and says what would settle it")
+
+
+MOST_BLOCKS = 400  # past this a design is no plan: the cases must be longer or the servers quieter
+
+
+def blocks_reaching(load: Any, bar: float, spread: float, target: float) -> int | None:
+    """The fewest max_blocks (in steps of look_every) whose design passes an equal candidate with `target` at
+    `spread`; None past MOST_BLOCKS. Coarse on purpose: each size is a calibration and a simulation."""
+    if load.repeats is not None or bar <= 0:
+        return None
+    step = max(1, load.look_every)
+    n = max(load.max_blocks, sequential.ROBUST_MIN_LOOK)
+    while n <= MOST_BLOCKS:
+        if speed_pass(load.model_copy(update={"max_blocks": n}), bar, spread) >= target:
+            return n
+        n += step * max(1, n // 32)  # ever coarser: 4 apart to 32, 8 to 64, ...
+    return None
+
+
+def _more_blocks(config: Config, plan: PowerPlan, spread: float) -> str:
+    """Where the speed endpoint holds the product under TARGET: the max_blocks that would lift it there."""
+    load = config.load
+    speed = next((c for c in plan.checks if c.id == "load.endpoint.throughput_drop"), None)
+    if speed is None or load.repeats is not None:
+        return ""
+    rest = plan.p_adopt / speed.p_pass if speed.p_pass > 0 else 0.0
+    if rest < TARGET:
+        return ""
+    need = blocks_reaching(load, config.bars.throughput_drop_max, spread, TARGET / rest)
+    if need is None:
+        return (f"; speed cannot reach it within {MOST_BLOCKS} blocks at a block spread of {spread:g}: lengthen the "
+                "cases or quiet the servers")
+    p_need = speed_pass(load.model_copy(update={"max_blocks": need}), config.bars.throughput_drop_max, spread)
+    return (f"; speed would with [load] max_blocks = {need} (P {speed.p_pass:.3f} -> {p_need:.3f}), "
+            "and a budget_s that holds them")
 
 
 def latency_not_gated(bar: float) -> str:

@@ -30,6 +30,7 @@ name = "fp8"
 url = "http://127.0.0.1:8102/v1"
 role = "candidate"
 """
+SHIPPED_LOAD = "[load]\nmax_blocks = 64\nbudget_s = 2400\n"
 
 
 def write(tmp_path: Path, text: str, name: str = "servers.toml") -> Path:
@@ -66,7 +67,7 @@ def test_a_good_config_prints_the_plan_and_exits_0(tmp_path: Path) -> None:
     # the sizes eval would plan at this context: the needle grid as the recorded AVX2 demo run placed it
     assert "115 needles over 23 length(s) (1,024-7,168 tokens) x 5 depth(s), answer cap 1,024 tokens" in out
     assert "17 passages (shipped kvprobe_ppl)" in out
-    assert "looks at 4, 8, 12, 16, 20" in out
+    assert "looks at 8, 12, 16, 20" in out
     assert "bars: perplexity_delta_max 0.01" in out
     assert "estimate (rough):" in out and "assumed: no server was measured" in out
     assert SECRET not in result.output
@@ -122,10 +123,11 @@ def test_the_plan_as_json(tmp_path: Path) -> None:
 
 def test_the_plan_says_its_power_and_the_shipped_sizes_reach_0_8(tmp_path: Path) -> None:
     """The default probes on two servers: perplexity, the two needle checks and the speed endpoint gate;
-    each figure is the project's own function's, and their product reaches 0.8 at the shipped sizes."""
+    each figure is the project's own function's, and their product reaches 0.8 at the shipped sizes (the
+    shipped servers.toml's 64 blocks: the config's own default of 20 does not at the CPU demos' spread)."""
     from kvprobe.evaluate.power_plan import binary_pass, perplexity_pass
 
-    result = check(str(write(tmp_path, SERVERS)), "--max-model-len", "8192", "--json")
+    result = check(str(write(tmp_path, SHIPPED_LOAD + SERVERS)), "--max-model-len", "8192", "--json")
     assert result.exit_code == 0, result.output
     power = json.loads(result.stdout)["power"]
     p = {c["id"]: c["p_pass"] for c in power["checks"]}
@@ -136,14 +138,15 @@ def test_the_plan_says_its_power_and_the_shipped_sizes_reach_0_8(tmp_path: Path)
     assert power["p_adopt_equal"] == pytest.approx(p["perplexity.delta"] * p["needle.recall_drop"] ** 2
                                                    * p["load.endpoint.throughput_drop"])
     assert power["p_adopt_equal"] >= 0.8 and power["reaches_target"] is True and power["independent"] is True
-    assert power["assumed"]["disagreement"] == 0.05 and power["assumed"]["block_spread"] == 0.0215
+    assert power["assumed"]["disagreement"] == 0.05 and power["assumed"]["block_spread"] == 0.049
     assert power["would_reach"] is None
-    text = check(str(write(tmp_path, SERVERS)), "--max-model-len", "8192").stdout
+    text = check(str(write(tmp_path, SHIPPED_LOAD + SERVERS)), "--max-model-len", "8192").stdout
     assert f"power: P(adopt | equal) = {power['p_adopt_equal']:.3f}" in text and "cannot reach" not in text
 
 
 def test_a_plan_under_0_8_says_the_sizes_that_would_reach_it(tmp_path: Path) -> None:
-    result = check(str(write(tmp_path, "[needle]\ncount = 40\n" + SERVERS)), "--max-model-len", "8192", "--json")
+    config = write(tmp_path, SHIPPED_LOAD + "[needle]\ncount = 40\n" + SERVERS)
+    result = check(str(config), "--max-model-len", "8192", "--json")
     assert result.exit_code == 0, result.output
     power = json.loads(result.stdout)["power"]
     assert power["p_adopt_equal"] < 0.8 and power["reaches_target"] is False
@@ -152,7 +155,7 @@ def test_a_plan_under_0_8_says_the_sizes_that_would_reach_it(tmp_path: Path) -> 
     needle = next(s for s in would["sizes"] if s["setting"] == "needle.count")
     assert needle["have"] == 40 and needle["need"] > 40
     assert len(needle["seconds_need"]) == 2 and needle["seconds_need"][1] > needle["seconds_have"][1] > 0
-    text = check(str(write(tmp_path, "[needle]\ncount = 40\n" + SERVERS)), "--max-model-len", "8192").stdout
+    text = check(str(config), "--max-model-len", "8192").stdout
     assert f"power: P(adopt | equal) = {power['p_adopt_equal']:.3f}" in text
     assert "power: cannot reach 0.8: " in text and f"needle.count 40 -> {needle['need']}" in text
 

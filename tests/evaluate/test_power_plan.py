@@ -43,7 +43,8 @@ def test_the_shipped_plan_reaches_0_8_by_the_projects_own_figures(shipped: pp.Po
                         ("tasks.kvprobe_qa.truncation_rise", 118)):
         assert p[check_id] == paired_exact.equal_pass_probability(n, 0.10, 0.05) > 0.97
     assert p["perplexity.delta"] == pytest.approx(0.930, abs=0.005)  # 17 passages
-    assert p["load.endpoint.throughput_drop"] > 0.99  # at the demo's 0.0215 the sweep settles
+    # at the CPU demos' 0.049, the shipped 64 blocks settle an equal candidate (about 24 on average)
+    assert p["load.endpoint.throughput_drop"] > 0.95
     assert shipped.p_adopt == pytest.approx(math.prod(p.values()))
     assert shipped.p_adopt >= 0.8 and shipped.reaches and shipped.as_dict()["would_reach"] is None
     assert any(line.startswith("capacity_gain_min") for line in shipped.not_in_product)
@@ -156,27 +157,46 @@ def test_perplexity_pass_is_what_the_check_does_to_an_equal_candidate() -> None:
 
 
 def test_speed_pass_falls_as_the_blocks_spread() -> None:
-    load = load_config(SHIPPED).load
+    load = load_config(SHIPPED).load.model_copy(update={"max_blocks": 20})
     values = [pp.speed_pass(load, 0.05, s) for s in (0.0215, 0.05, 0.08, 0.12)]
     assert all(0.0 <= v <= 1.0 for v in values)
     assert values == sorted(values, reverse=True) and values[0] > 0.99 and values[-1] < 0.5
 
 
-def test_the_plan_says_what_its_speed_figure_is_at_the_cpu_demos_measured_spread(shipped: pp.PowerPlan) -> None:
-    """0.0215 is assumed; the 2-core CPU demos measured 0.049, where the same design passes far less often: the
-    plan says both before the run, and a plan already at (or over) the measured spread says nothing more."""
+def test_the_plan_says_what_its_speed_figure_is_at_the_h200s_spread(shipped: pp.PowerPlan) -> None:
+    """Planned at the CPU demos' 0.049; the H200 runs spread 0.076, where the same design passes less often: the
+    plan says both before the run, and a plan already at (or over) that spread says nothing more."""
     load = load_config(SHIPPED).load
-    at_measured = pp.speed_pass(load, 0.05, pp.MEASURED_SPREAD)
-    assert at_measured < 0.8 < pp.speed_pass(load, 0.05, pp.BLOCK_SPREAD)
+    at_gpu = pp.speed_pass(load, 0.05, pp.GPU_SPREAD)
+    assert at_gpu < pp.speed_pass(load, 0.05, pp.BLOCK_SPREAD)
     (caveat,) = shipped.caveats
-    assert caveat.startswith("speed is planned at an assumed block spread of 0.0215; the 2-core CPU demos measured "
-                             f"0.049, where this design passes an equal candidate {at_measured:.2f} over all its 20 "
-                             "blocks")
+    assert caveat.startswith("speed is planned at a block spread of 0.049 (the 2-core CPU demos'); the H200 runs "
+                             "of a 5M model measured 0.076, where this design passes an equal candidate "
+                             f"{at_gpu:.2f} over all its 64 blocks")
     assert shipped.as_dict()["caveats"] == [caveat]
     assert f"power: caveat: {caveat}" in pp.lines(shipped.as_dict())
     noisy = pp.plan_power(load_config(SHIPPED), PROBES, documents={"kvprobe_qa": QA_DOCUMENTS},
-                          block_spread=pp.MEASURED_SPREAD)
-    assert noisy.caveats == [] and noisy.p_adopt < 0.8
+                          block_spread=pp.GPU_SPREAD)
+    assert noisy.caveats == []
+
+
+def test_the_shipped_design_adopts_an_equal_candidate_on_the_recorded_spreads(shipped: pp.PowerPlan) -> None:
+    """The shipped [load] (64 blocks) reaches P(adopt | equal) 0.8 at the H200's spread too; the config's own
+    default of 20 blocks does not at the CPU demos', and the plan names the max_blocks that would."""
+    gpu = pp.plan_power(load_config(SHIPPED), PROBES, documents={"kvprobe_qa": QA_DOCUMENTS},
+                        block_spread=pp.GPU_SPREAD)
+    assert gpu.p_adopt >= 0.8
+    config = load_config(SHIPPED)
+    twenty = config.model_copy(update={"load": config.load.model_copy(update={"max_blocks": 20})})
+    short = pp.plan_power(twenty, PROBES, documents={"kvprobe_qa": QA_DOCUMENTS})
+    assert short.p_adopt < 0.8 and not short.reaches
+    why = short.why_not or ""
+    assert "speed would with [load] max_blocks = " in why and "a budget_s that holds them" in why, why
+    need = int(why.split("max_blocks = ")[1].split()[0])
+    assert 20 < need <= 64 and need % 4 == 0
+    longer = config.model_copy(update={"load": config.load.model_copy(update={"max_blocks": need})})
+    assert pp.plan_power(longer, PROBES, documents={"kvprobe_qa": QA_DOCUMENTS}).p_adopt >= 0.8
+    assert f"power: cannot reach 0.8: {why}" in pp.lines(short.as_dict())
 
 
 def test_fewest_reaching_is_the_first_n() -> None:
