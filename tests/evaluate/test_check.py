@@ -110,7 +110,7 @@ def test_the_plan_as_json(tmp_path: Path) -> None:
     assert needle["lengths"][0] == 1024 and needle["lengths"][-1] == 7168
     assert needle["depths"] == [0.0, 0.25, 0.5, 0.75, 1.0] and needle["max_tokens"] == 1024
     load = data["settings"]["load"]
-    assert load["design"] == "sequential" and load["looks"] == [4, 8, 12, 16, 20]
+    assert load["design"] == "sequential" and load["looks"] == [8, 12, 16, 20]
     assert load["shapes"][0]["agents"] == [1, 2, 4, 8, 16] and load["shapes"][0]["last_turn_tokens"] > 1024
     assert data["max_model_len"] == {"value": 8192, "source": "--max-model-len",
                                      "per_server": {"auto": 8192, "fp8": 8192}}
