@@ -12,8 +12,9 @@ for the paired 0/1 bars). One figure a line, each line naming its scenario and i
   * normal / skewed / ar1 / hiccup / t3: P(pass) of a candidate exactly at the speed bar, under each
     block-loss noise (>= 10^5 paths per line in full), target <= 2.5% as a point estimate;
   * every 0/1 bar: the largest P(pass) at the bar over the nuisance (the share of pairs gained), exact;
-  * every axis: P(reject | twice the bar) >= 0.8 (the 0/1 bars: at the worst nuisance, with d = 5% flipping
-    beside the loss, and with nothing gained; information, not yet met at the worst nuisance).
+  * every axis: P(reject | twice the bar) >= 0.8 (speed at each platform's spread; perplexity at the recorded
+    per-passage spread; the 0/1 bars, cut answers included, with d = 5% flipping beside the loss and with
+    nothing gained; up to 10% beside it is information).
 
 Exit status 1 when a gated target fails. Seeded; prints figures, never asserts timing.
 
@@ -89,7 +90,9 @@ def main() -> int:
     needles = config.needle.count
     documents = sum(1 for row in QA_FILE.read_text().splitlines() if row.strip())
     zero_one = {"needle recall drop": (needles, bars.needle_recall_drop_max),
-                "kvprobe_qa exact_match drop": (documents, bars.task_accuracy_drop_max)}
+                "needle answers cut": (needles, bars.truncation_rise_max),
+                "kvprobe_qa exact_match drop": (documents, bars.task_accuracy_drop_max),
+                "kvprobe_qa answers cut": (documents, bars.truncation_rise_max)}
     probes = ["perplexity", "needle", "tasks"]
     quality = power_plan.plan_power(config, probes, documents={"kvprobe_qa": documents}, servers=2)
     print(f"shipped sizes (servers.toml): {needles} needles, {documents} kvprobe_qa documents, "
@@ -127,17 +130,23 @@ def main() -> int:
         line(names[member], f"speed P(pass | at the bar), {member} blocks", p_pass, "<=", 0.025)
         line(names[member], f"speed P(fail | at the bar), {member} blocks", p_fail, "<=", 0.025)
 
+    passages = next(c.n for c in quality.checks if c.probe == "perplexity")
+    ppl_bar = bars.perplexity_delta_max
+    line("normal", f"perplexity P(fail | twice the bar), n = {passages}",
+         power_plan.perplexity_fail(passages, ppl_bar, 2 * ppl_bar), ">=", 0.8)
     for name, (n, bar) in zero_one.items():
         nuisance = np.linspace(0.0, (1 - bar) / 2, 91)
         worst = max(paired_exact.pass_probability(n, bar, bar + g, g) for g in nuisance)
         line("normal", f"{name} P(pass | at the bar), worst nuisance, n = {n}", worst, "<=", 0.025)
-        twice = min(paired_exact.fail_probability(n, bar, 2 * bar + g, g) for g in nuisance[:11])
-        line("normal", f"{name} P(fail | twice the bar), worst nuisance, n = {n}", twice, ">=", 0.8, gate=False)
         g = DISAGREEMENT / 2  # twice the bar lost on top of the d = 5% that flips at random both ways
         on_d = paired_exact.fail_probability(n, bar, 2 * bar + g, g)
-        line("normal", f"{name} P(fail | twice the bar), d = 5% beside it, n = {n}", on_d, ">=", 0.8, gate=False)
+        line("normal", f"{name} P(fail | twice the bar), d = 5% beside it, n = {n}", on_d, ">=", 0.8)
         alone = paired_exact.fail_probability(n, bar, 2 * bar, 0.0)
-        line("normal", f"{name} P(fail | twice the bar), nothing gained, n = {n}", alone, ">=", 0.8, gate=False)
+        line("normal", f"{name} P(fail | twice the bar), nothing gained, n = {n}", alone, ">=", 0.8)
+        # information: up to twice the stated disagreement flipping beside the loss
+        twice = min(paired_exact.fail_probability(n, bar, 2 * bar + g, g) for g in nuisance[:11])
+        line("normal", f"{name} P(fail | twice the bar), d up to 10% beside it, n = {n}", twice, ">=", 0.8,
+             gate=False)
 
     if failed:
         print(f"{len(failed)} target(s) missed: " + "; ".join(failed))

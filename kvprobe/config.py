@@ -205,9 +205,10 @@ class AgreementSettings(_Strict):
 
 
 class NeedleSettings(_Strict):
-    count: int = Field(115, ge=1, description="needles per server; case i sits in grid cell i mod cells (23 lengths x "
-                       "5 depths at 115). 115 lets a candidate equal to the reference, 5% of its answers flipping, "
-                       "pass the default 0.10 recall bar with probability 0.96 (111 needed; none lost: 36)")
+    count: int = Field(180, ge=1, description="needles per server; case i sits in grid cell i mod cells (36 lengths x "
+                       "5 depths at 180). At the default 0.10 recall bar, 180 fail a candidate that loses twice the "
+                       "bar, 5% of its answers flipping beside the loss, with probability 0.85 (0.66 at 115), and "
+                       "pass one equal to the reference with 0.999")
     lengths: list[int] | None = Field(None, description="prompt lengths in tokens (chat template included); "
                                       "default: spread from min_length to the largest that fits")
     depths: list[float] | None = Field(None, description="needle depths in [0, 1]; default 0, .25, .5, .75, 1")

@@ -85,6 +85,17 @@ def perplexity_pass(n: int, bar: float, spread: float = PASSAGE_SPREAD) -> float
     return float(st.nct.sf(t_quantile(0.975, n - 1), n - 1, ncp))
 
 
+def perplexity_fail(n: int, bar: float, rise: float, spread: float = PASSAGE_SPREAD) -> float:
+    """P(fail) of the perplexity bar over n passages when the true relative rise is `rise`: the t interval's
+    lower end (n - 1 df) over log(1 + bar), a noncentral t tail."""
+    from scipy import stats as st
+
+    if n < MIN_PASSAGES or spread <= 0:
+        return 0.0 if n < MIN_PASSAGES else float(rise > bar)
+    ncp = (math.log1p(rise) - math.log1p(bar)) * math.sqrt(n) / spread
+    return float(st.nct.sf(t_quantile(0.975, n - 1), n - 1, ncp))
+
+
 @functools.lru_cache(maxsize=64)
 def _speed_pass(design: sequential.Design, spread: float, margin: float) -> float:
     return sequential.operating(design, spread, margin, 0.0, SPEED_SIMS, "normal", SPEED_SEED)[0]

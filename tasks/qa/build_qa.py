@@ -43,6 +43,15 @@ MORE_MODULES = [
     "fractions", "random",
 ]
 MORE_SEED = 33
+# Added for issue 33's power (the first 118 stay byte for byte): the modules of CPython 3.11.7 with the most
+# docstrings that no list above and no perplexity passage uses, largest first, to 180 documents (CPython's own
+# files: distutils.ccompiler, next in size, resolves to whatever setuptools is installed). At a 0.10 bar a
+# candidate that loses twice the bar (0.20) with 5% of its answers flipping beside the loss then fails with
+# probability 0.85 (0.59 at 118); an equal one passes 0.99 (kvprobe.stats.paired_exact).
+POWER_MODULES = ["_pydecimal", "tkinter", "tkinter.ttk", "_pyio", "email._header_value_parser", "pydoc",
+                 "xmlrpc.server"]
+POWER_SEED = 44
+DOCUMENTS = 180
 
 
 def docstrings(module: str) -> tuple[str, str]:
@@ -89,6 +98,19 @@ def main() -> None:
                 row = document(rng, text, pair * sum(LENGTHS) + sum(LENGTHS[:j]), length, TEMPLATES[name])
                 rows.append({"id": f"{module}-{pair * sum(LENGTHS) + length}", "template": name,
                              "source": f"CPython {platform.python_version()} Lib/{rel} (docstrings)", **row})
+    rng = random.Random(POWER_SEED)
+    for module in POWER_MODULES:
+        rel, text = docstrings(module)
+        for pair in range(len(text) // sum(LENGTHS)):
+            for j, length in enumerate(LENGTHS):
+                if len(rows) == DOCUMENTS:
+                    break
+                name = names[len(rows) % len(names)]
+                row = document(rng, text, pair * sum(LENGTHS) + sum(LENGTHS[:j]), length, TEMPLATES[name])
+                rows.append({"id": f"{module}-{pair * sum(LENGTHS) + length}", "template": name,
+                             "source": f"CPython {platform.python_version()} Lib/{rel} (docstrings)", **row})
+    if len(rows) != DOCUMENTS:
+        raise SystemExit(f"{len(rows)} documents, not {DOCUMENTS}: these docstrings are not CPython 3.11.7's")
     out = HERE / "qa.jsonl"
     out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     print(f"wrote {len(rows)} documents to {out}")

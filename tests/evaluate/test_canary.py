@@ -27,7 +27,7 @@ def test_canary_settings_are_small_and_keep_smaller_user_settings():
     assert config.load.duration_s is None
     assert config.bars == parse_config(SERVERS).bars  # same bars as a full run
     full = parse_config(SERVERS)
-    assert canary_config(full).needle.count == 8 and full.needle.count == 115
+    assert canary_config(full).needle.count == 8 and full.needle.count == 180
 
 
 def test_canary_probes_are_capacity_and_whatever_is_installed():

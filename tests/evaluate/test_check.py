@@ -65,7 +65,7 @@ def test_a_good_config_prints_the_plan_and_exits_0(tmp_path: Path) -> None:
     assert "127.0.0.1:8102" in fp8 and "candidate" in fp8 and "no API key" in fp8
     assert "probes (the default set): capacity, perplexity, agreement, needle, load" in out
     # the sizes eval would plan at this context: the needle grid as the recorded AVX2 demo run placed it
-    assert "115 needles over 23 length(s) (1,024-7,168 tokens) x 5 depth(s), answer cap 1,024 tokens" in out
+    assert "180 needles over 36 length(s) (1,024-7,168 tokens) x 5 depth(s), answer cap 1,024 tokens" in out
     assert "17 passages (shipped kvprobe_ppl)" in out
     assert "looks at 8, 12, 16, 20" in out
     assert "bars: perplexity_delta_max 0.01" in out
@@ -106,7 +106,7 @@ def test_the_plan_as_json(tmp_path: Path) -> None:
     assert data["servers"][1]["url"] == "http://127.0.0.1:8102" and data["servers"][1]["api_key_set"] is None
     assert data["probes"] == ["capacity", "needle", "load"] and data["probes_chosen_by"] == "--probes"
     needle = data["settings"]["needle"]
-    assert needle["count"] == 115 and len(needle["lengths"]) == 23
+    assert needle["count"] == 180 and len(needle["lengths"]) == 36
     assert needle["lengths"][0] == 1024 and needle["lengths"][-1] == 7168
     assert needle["depths"] == [0.0, 0.25, 0.5, 0.75, 1.0] and needle["max_tokens"] == 1024
     load = data["settings"]["load"]
@@ -133,7 +133,7 @@ def test_the_plan_says_its_power_and_the_shipped_sizes_reach_0_8(tmp_path: Path)
     p = {c["id"]: c["p_pass"] for c in power["checks"]}
     assert list(p) == ["perplexity.delta", "needle.recall_drop", "needle.truncation_rise",
                        "load.endpoint.throughput_drop"]
-    assert p["needle.recall_drop"] == p["needle.truncation_rise"] == binary_pass(115, 0.10, 0.05)
+    assert p["needle.recall_drop"] == p["needle.truncation_rise"] == binary_pass(180, 0.10, 0.05)
     assert p["perplexity.delta"] == perplexity_pass(17, 0.01)
     assert power["p_adopt_equal"] == pytest.approx(p["perplexity.delta"] * p["needle.recall_drop"] ** 2
                                                    * p["load.endpoint.throughput_drop"])

@@ -52,14 +52,14 @@ async def test_the_reference_against_itself_has_a_zero_drop_and_a_rerun_asks_not
     run, _ = await evaluate(path, tmp_path / "run")
     summary = run.read_json("tasks.json")["tasks"]["kvprobe_qa"]
     own = summary["servers"][ref["name"]]
-    assert own["documents"] == 118 and own["accuracy"] > 0.9  # needle-llama really answers the shipped task
+    assert own["documents"] == 180 and own["accuracy"] > 0.9  # needle-llama really answers the shipped task
     assert "candidates" not in summary  # the probe records every document; the checks judge
     check = task_check(run.read_json("verdict.json"), "same_server")
-    # 118 documents answered alike: the score interval clears the default 0.10 margin, and is not [0, 0]
+    # 180 documents answered alike: the score interval clears the default 0.10 margin, and is not [0, 0]
     assert check["value"] == 0.0 and check["mcnemar_p"] == 1.0 and 0 < check["interval"][1] < 0.10
-    assert check["outcome"] == "pass" and check["power"]["n"] == check["scored"] >= 112
+    assert check["outcome"] == "pass" and check["power"]["n"] == check["scored"] >= 171
     samples = len(list(run.events("tasks_sample")))
-    assert samples == 236  # one row per server and document
+    assert samples == 360  # one row per server and document
     await evaluate(path, tmp_path / "run")  # resumed: every (server, task) run is recorded
     assert len(list(run.events("tasks_sample"))) == samples
 
@@ -70,7 +70,7 @@ def test_the_wrecking_2x_fails_the_task_bar_in_the_signed_verdict(vllm_servers, 
     lossy = next(s["name"] for s in servers if s["url"] == vllm_servers["lossy_2x"].url)
     out = tmp_path / "run"
     cli = [sys.executable, "-m", "kvprobe.cli"]
-    # 60 of the 118 documents: the 2x loses over a third of them (settled at any size past the zero-loss
+    # 60 of the 180 documents: the 2x loses over a third of them (settled at any size past the zero-loss
     # minimum), and the whole task on three servers cost 310 s of CI
     done = subprocess.run([*cli, "eval", "--servers", str(config_file(tmp_path, servers, "limit = 60")), "--probes",
                            "capacity,tasks", "--out", str(out)], capture_output=True, text=True, timeout=900)
@@ -152,7 +152,7 @@ async def test_answers_the_cap_cuts_on_both_sides_are_left_out_and_counted(vllm_
 async def test_a_candidate_dying_mid_task_is_broken_and_the_reference_s_scores_stay(
         vllm_servers, tmp_path: Path) -> None:
     """After its 10th answer the candidate answers as a dead vLLM engine does (a real capture): lm-eval
-    retries, then gives up; the candidate is broken, the reference's 118 scores are on disk."""
+    retries, then gives up; the candidate is broken, the reference's 180 scores are on disk."""
     crash = capture("crash-seed-chunked-prefill", "response")
     seen = {"chat": 0}
 
@@ -171,5 +171,5 @@ async def test_a_candidate_dying_mid_task_is_broken_and_the_reference_s_scores_s
     assert verdict["decisions"]["dying"]["decision"] == "broken"
     assert "tasks kvprobe_qa" in verdict["broken"]["dying"]
     rows = [e for e in run.events("tasks_sample") if e["server"] == ref["name"]]
-    assert len(rows) == 118  # what the reference answered is kept
+    assert len(rows) == 180  # what the reference answered is kept
     assert not [e for e in run.events("tasks_sample") if e["server"] == "dying"]

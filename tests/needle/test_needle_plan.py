@@ -13,16 +13,16 @@ from kvprobe.needle.cases import check_templates, key_vocabulary, load_templates
 from kvprobe.needle.plan import APPROXIMATE_MARGIN, fingerprint, grid, prompt_room
 
 
-def test_default_grid_is_115_needles_from_1k_to_the_largest_that_fits() -> None:
+def test_default_grid_is_180_needles_from_1k_to_the_largest_that_fits() -> None:
     settings = NeedleSettings()
     room = prompt_room(settings, {"auto": 8192, "fp8": 8192})
     assert room == 8192 - 1024
     lengths, depths = grid(settings, room, approximate=False)
-    assert len(lengths) == 23 and lengths[0] == 1024 and lengths[-1] == 7168  # 23 lengths x 5 depths, each cell once
-    assert lengths == sorted(set(lengths)) and max(b - a for a, b in itertools.pairwise(lengths)) <= 280
+    assert len(lengths) == 36 and lengths[0] == 1024 and lengths[-1] == 7168  # 36 lengths x 5 depths, each cell once
+    assert lengths == sorted(set(lengths)) and max(b - a for a, b in itertools.pairwise(lengths)) <= 176
     assert depths == [0.0, 0.25, 0.5, 0.75, 1.0]
     cases = make_cases(settings, lengths, depths)
-    assert len(cases) == 115
+    assert len(cases) == 180
     assert {(c.target_length, c.target_depth) for c in cases} == {(n, d) for n in lengths for d in depths}
 
 

@@ -17,7 +17,7 @@ from kvprobe.quality import lmeval, task_eval
 def test_the_shipped_task_loads_as_a_chat_task_on_exact_match() -> None:
     info = task_eval.load_task("kvprobe_qa", TASKS_DIR, False, None, None)
     assert (info.output_type, info.metric, info.higher_is_better, info.documents) == (
-        "generate_until", "exact_match", True, 118)
+        "generate_until", "exact_match", True, 180)
     assert info.chat and task_eval.load_task("kvprobe_qa", TASKS_DIR, False, None, 5).documents == 5
     # The documents' digest keys resume: another limit is another set of documents.
     assert task_eval.load_task("kvprobe_qa", TASKS_DIR, False, None, 5).digest != info.digest
