@@ -76,6 +76,21 @@ def document(rng: random.Random, text: str, start: int, length: int, template: d
     return {"context": ". ".join(sentences), "question": template["question"].format(key=key), "answer": value}
 
 
+def every_pair(rows: list[dict[str, str]], modules: list[str], rng: random.Random, limit: int | None = None) -> None:
+    """As many pairs of stretches as fit in each module's docstrings, appended to rows (up to `limit`)."""
+    names = list(TEMPLATES)
+    for module in modules:
+        rel, text = docstrings(module)
+        for pair in range(len(text) // sum(LENGTHS)):
+            for j, length in enumerate(LENGTHS):
+                if len(rows) == limit:
+                    return
+                name = names[len(rows) % len(names)]
+                row = document(rng, text, pair * sum(LENGTHS) + sum(LENGTHS[:j]), length, TEMPLATES[name])
+                rows.append({"id": f"{module}-{pair * sum(LENGTHS) + length}", "template": name,
+                             "source": f"CPython {platform.python_version()} Lib/{rel} (docstrings)", **row})
+
+
 def main() -> None:
     rng = random.Random(SEED)
     names = list(TEMPLATES)
@@ -89,26 +104,8 @@ def main() -> None:
             row = document(rng, text, sum(LENGTHS[:j]), length, TEMPLATES[name])
             rows.append({"id": f"{module}-{length}", "template": name,
                          "source": f"CPython {platform.python_version()} Lib/{rel} (docstrings)", **row})
-    rng = random.Random(MORE_SEED)
-    for module in MORE_MODULES:
-        rel, text = docstrings(module)
-        for pair in range(len(text) // sum(LENGTHS)):
-            for j, length in enumerate(LENGTHS):
-                name = names[len(rows) % len(names)]
-                row = document(rng, text, pair * sum(LENGTHS) + sum(LENGTHS[:j]), length, TEMPLATES[name])
-                rows.append({"id": f"{module}-{pair * sum(LENGTHS) + length}", "template": name,
-                             "source": f"CPython {platform.python_version()} Lib/{rel} (docstrings)", **row})
-    rng = random.Random(POWER_SEED)
-    for module in POWER_MODULES:
-        rel, text = docstrings(module)
-        for pair in range(len(text) // sum(LENGTHS)):
-            for j, length in enumerate(LENGTHS):
-                if len(rows) == DOCUMENTS:
-                    break
-                name = names[len(rows) % len(names)]
-                row = document(rng, text, pair * sum(LENGTHS) + sum(LENGTHS[:j]), length, TEMPLATES[name])
-                rows.append({"id": f"{module}-{pair * sum(LENGTHS) + length}", "template": name,
-                             "source": f"CPython {platform.python_version()} Lib/{rel} (docstrings)", **row})
+    every_pair(rows, MORE_MODULES, random.Random(MORE_SEED))
+    every_pair(rows, POWER_MODULES, random.Random(POWER_SEED), DOCUMENTS)
     if len(rows) != DOCUMENTS:
         raise SystemExit(f"{len(rows)} documents, not {DOCUMENTS}: these docstrings are not CPython 3.11.7's")
     out = HERE / "qa.jsonl"
