@@ -294,7 +294,8 @@ def _power_note(blocks: list[dict[str, Any]]) -> str:
             f"{power:g}, with its range over the spread's own uncertainty (a run already that large: the estimate, "
             "not the size, holds it back); a client-limited speed check is settled by a quieter client, not by more "
             "runs. A speed endpoint is decided by its group-sequential design instead: n is its paired blocks, "
-            "and what would settle it is the blocks its current estimate would need.")
+            "and what would settle it is the blocks at which a candidate at its current estimate would settle with "
+            "power 0.8 (kvprobe.rules/4 quoted even odds).")
     if any("detectable" in b for b in blocks):
         note += (" Written under kvprobe.rules/2: its power figures were a size detectable against 0, not against "
                  "the bar, so passes/fails at most are not recorded (-).")

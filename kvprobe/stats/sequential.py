@@ -51,6 +51,8 @@ RHO_CAP = 0.8
 FAMILY = ("normal", "t3", "exponential", "exponential-left", "lognormal", "hiccup", "ar1-0.3", "ar1-0.5")
 FAMILY_SIMS = 60_000  # per member: the worst member's 97.5% point to about +-0.07% in rate
 CAL_MARGIN = 0.95  # calibrate the worst member to 0.95 alpha, so a fresh 10^5-path check stays under alpha
+ADVICE_POWER = 0.8  # "about N more blocks would settle it": at this power, if the estimate is the truth
+ADVICE_Z = 0.8416212335729143  # its normal quantile
 
 
 @dataclass(frozen=True)
@@ -355,15 +357,17 @@ def settle(losses: Sequence[float], margin: float, plan: Design) -> Look | None:
 
 
 def _more_blocks(n: int, mean: float, sd: float, margin: float, plan: Design) -> int | None:
-    """Blocks beyond n at which the current estimate, taken as the truth, would cross the final boundary
-    c: n' = (c * sd / |margin - mean|)^2. None when the estimate sits on the bar."""
+    """Blocks beyond n at which a candidate whose true loss is the current estimate would cross the final
+    boundary c with power ADVICE_POWER: n' = ((c + z) * sd / |margin - mean|)^2. The estimate taken as the
+    truth with z = 0 (rules/4) crosses only about half the time, so the count promised a settled run that a
+    coin decided. None when the estimate sits on the bar."""
     gap = abs(margin - mean)
     if gap == 0:
         return None
     c = plan.c if mean < margin or plan.c_fail is None else plan.c_fail
     if not math.isfinite(c):  # a design no run can settle (the robust statistic at 2 blocks): no count helps
         return None
-    total = math.ceil((c * sd / gap) ** 2) if sd > 0 else n + 1
+    total = math.ceil(((c + ADVICE_Z) * sd / gap) ** 2) if sd > 0 else n + 1
     return max(total - n, 1)
 
 

@@ -8,12 +8,14 @@ from __future__ import annotations
 import math
 from collections import Counter
 from itertools import pairwise
+from statistics import NormalDist
 
 import numpy as np
 import pytest
 
 from kvprobe.stats import t_quantile
 from kvprobe.stats.sequential import (
+    ADVICE_Z,
     MIN_LOOK,
     ROBUST,
     Design,
@@ -225,11 +227,13 @@ def test_on_the_bar_at_the_budget_it_is_inconclusive_with_more_blocks(plan: Desi
     assert lk.boundary == plan.c
     assert lk.lo < MARGIN < lk.hi
     gap = MARGIN - lk.mean
-    expected = math.ceil((plan.c * lk.sd / gap) ** 2) - 20
+    expected = math.ceil(((plan.c + ADVICE_Z) * lk.sd / gap) ** 2) - 20
     assert lk.more_blocks == expected and expected > 0
-    # that many more blocks at the same mean and sd would indeed pass at boundary c
-    assert gap / (lk.sd / math.sqrt(20 + expected)) >= plan.c
-    assert gap / (lk.sd / math.sqrt(20 + expected - 1)) < plan.c
+    # a candidate truly at this estimate then crosses c with power 0.8 (its t's mean clears c by z_0.8); the
+    # estimate as the truth (rules/4's count) would cross only about half the time
+    assert abs(ADVICE_Z - NormalDist().inv_cdf(0.8)) < 1e-12
+    assert gap / (lk.sd / math.sqrt(20 + expected)) >= plan.c + ADVICE_Z
+    assert gap / (lk.sd / math.sqrt(20 + expected - 1)) < plan.c + ADVICE_Z
 
 
 def test_beyond_the_budget_the_boundary_stays_at_c(plan: Design) -> None:

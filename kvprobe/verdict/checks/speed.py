@@ -237,7 +237,8 @@ def endpoint_check(check_id: str, bar_name: str, metric: str, losses: list[float
         if more and at.n + more > UNSETTLED_FACTOR * plan.n_max:
             advice = "; this design cannot settle it: lengthen the budget or quiet the servers"
         else:
-            advice = f"; about {more} more blocks would settle it" if more else ""
+            advice = (f"; about {more} more blocks would settle it {sequential.ADVICE_POWER:.0%} of the time if the "
+                      "estimate holds") if more else ""
         tail = f": inconclusive ({why}{advice})" if state == "spent" else f": {why}"
     check = make_check(check_id, bar_name, metric, "load", outcome, head + dropped_text + drift_text + tail,
                        value=value, interval=interval, limit=limit, ratio=ratio,

@@ -4,6 +4,7 @@ over blocks, and per-case guardrails that fail only past twice the bar and never
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 
 import pytest
 
@@ -80,7 +81,29 @@ def test_advice_past_ten_times_the_designs_blocks_says_the_design_cannot_settle_
     assert ep["text"].endswith("(all 3 blocks used; this design cannot settle it: lengthen the budget or quiet the "
                                "servers)")
     rules4 = next(c for c in RULES4_PROBES["load"](inputs, "cand", BARS) if c["id"] == ENDPOINT)
-    assert rules4["text"].endswith(f"(all 3 blocks used; about {more} more blocks would settle it)")
+    even_odds = rules4["sequential"]["look"]["more_blocks"]
+    assert rules4["text"].endswith(f"(all 3 blocks used; about {even_odds} more blocks would settle it)")
+    assert even_odds < more  # rules/4 quoted the estimate as the truth; rules/5 the blocks for power 0.8
+
+
+def test_the_advice_on_more_blocks_is_at_power_0_8() -> None:
+    """Inconclusive at the budget but within reach: the count is the blocks at which a candidate at the
+    estimate settles 4 times in 5, said as such; rules/4 counted the blocks that give it even odds."""
+    design = DESIGN | {"repeats": 3}
+    ref = [_case([100, 100, 100], [1.0] * 3)]
+    cand = [_case([97 * math.exp(x) for x in _noise(3, 0.01, 4)], [1.0] * 3)]
+    inputs = _inputs(ref, cand, design=design)
+    ep = next(c for c in judge_probe("load", inputs, "cand", BARS) if c["id"] == ENDPOINT)
+    look = ep["sequential"]["look"]
+    more = look["more_blocks"]
+    assert ep["outcome"] == "inconclusive" and more and 3 + more <= 10 * 3
+    assert ep["text"].endswith(f"(all 3 blocks used; about {more} more blocks would settle it 80% of the time if "
+                               "the estimate holds)")
+    gap = -math.log(0.95) - look["mean"]
+    z = NormalDist().inv_cdf(0.8)
+    assert gap / (look["sd"] / math.sqrt(3 + more)) >= look["boundary"] + z  # its t then clears c by z_0.8
+    rules4 = next(c for c in RULES4_PROBES["load"](inputs, "cand", BARS) if c["id"] == ENDPOINT)
+    assert 0 < rules4["sequential"]["look"]["more_blocks"] < more
 
 
 def test_a_fixed_design_looks_once_with_the_t_quantile() -> None:
