@@ -183,6 +183,13 @@ def _upper(var: float | None, df: int) -> float | None:
     return var * df / float(chi2.ppf(1 - PLAN_UCL, df))
 
 
+def _passes(slower: float) -> str:
+    """Who the plan passes with power: "up to -2.3% slower" read as a slower candidate passing."""
+    if slower >= 0:
+        return f"a candidate up to {slower:+.1%} slower"
+    return f"only a candidate at least {-slower:.1%} faster"
+
+
 def describe(p: CasePlan, margin: float, bar: float) -> list[str]:
     """The plan in words, before the blocks it governs: the case length, the blocks, and what the budget
     can decide."""
@@ -202,7 +209,7 @@ def describe(p: CasePlan, margin: float, bar: float) -> list[str]:
     lines.append(f"load plan: at the pilot's noise (one case {math.sqrt(pilot.case_var or 0):.3f}, planned at its "
                  f"{PLAN_UCL:.0%} upper limit {math.sqrt(p.case_var_planned or 0):.3f}; a block "
                  f"{p.sigma_block:.3f} in log ratio) an equal candidate passes with P ~ {p.p_pass_equal:.2f}; at "
-                 f"{DECIDE_POWER:.0%} power this plan passes a candidate up to {slow_pass:+.1%} slower and fails one "
+                 f"{DECIDE_POWER:.0%} power this plan passes {_passes(slow_pass)} and fails one "
                  f"{slow_fail:+.1%} slower or more (bar {bar:.0%})")
     if p.p_pass_equal < 0.5:
         need = math.ceil(((p.c + _z(DECIDE_POWER)) * p.sigma_block / margin) ** 2)
