@@ -38,7 +38,7 @@ from kvprobe.evaluate import power_plan
 from kvprobe.evaluate.power_plan import span
 from kvprobe.probes import PROBES, default_probes, ordered
 from kvprobe.probes import load as load_probe
-from kvprobe.run.budget import Speed
+from kvprobe.run.budget import LOAD_DECODE_S_PER_TOKEN, Speed
 
 # Assumed speeds for the rough time. The slow end is the demo trio's 2-core CPU box: its slowest
 # first-prefill smoke (1,033 prompt tokens/s) and ~30 ms a decoded answer token with the other servers
@@ -46,9 +46,7 @@ from kvprobe.run.budget import Speed
 # small model; ~5 ms a token is what the H200's single-agent load cases took (tests/fixtures/runs/h200-gpu).
 FAST = Speed(20_000.0, 0.005)
 SLOW = Speed(1_000.0, 0.03)
-# Load decodes in batches on servers taking turns: the AVX2-only EPYC's single-agent cases took ~9 ms a
-# token (tests/fixtures/runs/amd-avx2-demo), not the 30 ms of answers decoded beside other servers' work.
-SLOW_LOAD_DECODE_S = 0.01
+SLOW_LOAD_DECODE_S = LOAD_DECODE_S_PER_TOKEN
 # A context to cost prompts with when none is known: vLLM's common default for small models.
 ASSUMED_MAX_MODEL_LEN = 8192
 REACH_TIMEOUT_S = 30.0

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from kvprobe.config import Config
-from kvprobe.run.budget import Speed
+from kvprobe.run.budget import LOAD_DECODE_S_PER_TOKEN, Speed
 from kvprobe.stats import paired_exact, sequential, t_quantile
 from kvprobe.verdict.checks import MIN_PASSAGES
 
@@ -97,16 +97,38 @@ def perplexity_fail(n: int, bar: float, rise: float, spread: float = PASSAGE_SPR
 
 
 @functools.lru_cache(maxsize=64)
-def _speed_pass(design: sequential.Design, spread: float, margin: float) -> float:
-    return sequential.operating(design, spread, margin, 0.0, SPEED_SIMS, "normal", SPEED_SEED)[0]
+def _speed_pass(design: sequential.Design, spread: float, margin: float, stop: int | None) -> float:
+    return sequential.operating(design, spread, margin, 0.0, SPEED_SIMS, "normal", SPEED_SEED, stop)[0]
 
 
-def speed_pass(load: Any, bar: float, spread: float = BLOCK_SPREAD, *, drop: bool = True) -> float:
-    """P(pass | equal) of one speed endpoint under the declared design, simulated (seeded)."""
+def speed_pass(load: Any, bar: float, spread: float = BLOCK_SPREAD, *, drop: bool = True,
+               stop: int | None = None) -> float:
+    """P(pass | equal) of one speed endpoint under the declared design, simulated (seeded); `stop`: the
+    blocks a budget holds, when it stops the design sooner."""
     if bar <= 0:
         return 0.0
     margin = -math.log1p(-bar) if drop else math.log1p(bar)
-    return _speed_pass(sequential.of_settings(load), spread, margin)
+    design = sequential.of_settings(load)
+    return _speed_pass(design, spread, margin, stop if stop is not None and stop < design.n_max else None)
+
+
+def budget_stops(config: Config, servers: int, speeds: Sequence[Speed]) -> list[int | None]:
+    """The blocks [load] budget_s holds at each of `speeds` (load decodes batched, at most
+    LOAD_DECODE_S_PER_TOKEN a token), None where it holds the whole design; [] when there is no budget or
+    no speed to cost it at."""
+    from kvprobe.probes.load import budget_blocks
+
+    if config.load.budget_s is None or config.load.repeats is not None or not speeds:
+        return []
+    n_max = sequential.of_settings(config.load).n_max
+    held = [budget_blocks(config, servers, s.prompt_tokens_per_s, min(s.s_per_decoded_token, LOAD_DECODE_S_PER_TOKEN))
+            for s in speeds]
+    return [n if n is not None and n < n_max else None for n in held]
+
+
+def _most(stops: list[int | None]) -> int | None:
+    """The most blocks any costed speed's budget holds (None: the whole design)."""
+    return None if not stops or None in stops else max(n for n in stops if n is not None)
 
 
 @dataclass(frozen=True)
@@ -312,10 +334,12 @@ def _share(units: list[_Unit], fixed: float) -> dict[str, int | None]:
 def plan_power(config: Config, probes: Sequence[str], *, documents: dict[str, int] | None = None,
                passages: int | None = None, servers: int | None = None, max_model_len: int = 8192,
                speeds: Sequence[Speed] = (), disagreement: float = DISAGREEMENT, cut_disagreement: float | None = None,
-               passage_spread: float = PASSAGE_SPREAD, block_spread: float = BLOCK_SPREAD) -> PowerPlan:
+               passage_spread: float = PASSAGE_SPREAD, block_spread: float = BLOCK_SPREAD,
+               budget_speeds: Sequence[Speed] | None = None) -> PowerPlan:
     """The power of `probes` as `config` sizes them. `documents`: each task's documents (its preflight);
     `passages`: the perplexity passages (planned_passages when None); `speeds`: what each size is costed
-    at (none: no time); `cut_disagreement`: the share of cut-at-the-cap answers that flip (default d)."""
+    at (none: no time); `cut_disagreement`: the share of cut-at-the-cap answers that flip (default d);
+    `budget_speeds`: the speeds [load] budget_s is costed at (default `speeds`; none: not costed)."""
     d = disagreement
     d_cut = d if cut_disagreement is None else cut_disagreement
     servers = servers or len(config.servers)
@@ -326,28 +350,39 @@ def plan_power(config: Config, probes: Sequence[str], *, documents: dict[str, in
     units, left = _units(config, probes, documents or {}, passages, source, d, d_cut, passage_spread)
     checks = [c for u in units for c in _unit_checks(u, u.have, d, d_cut, passage_spread)]
     load = config.load
+    # With assumed speeds (`check`: a GPU's and the 2-core CPU's) the figure is at the fastest, the most the
+    # budget can hold, and the caveat gives the slowest's; `eval` costs at the one measured speed.
+    budget_speeds = speeds if budget_speeds is None else budget_speeds
+    stops = budget_stops(config, servers, budget_speeds) if "load" in probes else []
+    stop = _most(stops)
+    budget_note = None
     if "load" in probes and not load.advisory:
+        blocks = load.blocks if stop is None else stop
         checks.append(CheckPower("load.endpoint.throughput_drop", "throughput_drop_max",
-                                 config.bars.throughput_drop_max, "load", load.blocks, "blocks",
-                                 speed_pass(load, config.bars.throughput_drop_max, block_spread)))
+                                 config.bars.throughput_drop_max, "load", blocks, "blocks",
+                                 speed_pass(load, config.bars.throughput_drop_max, block_spread, stop=stop)))
         if load.latency_endpoint:
             # Its own spread is not known before the pilot: the throughput's, stated.
             checks.append(CheckPower(f"load.endpoint.{load.latency_endpoint}_rise", "p99_latency_rise_max",
-                                     config.bars.p99_latency_rise_max, "load", load.blocks, "blocks",
-                                     speed_pass(load, config.bars.p99_latency_rise_max, block_spread, drop=False)))
+                                     config.bars.p99_latency_rise_max, "load", blocks, "blocks",
+                                     speed_pass(load, config.bars.p99_latency_rise_max, block_spread, drop=False,
+                                                stop=stop)))
         else:
             left.append(latency_not_gated(config.bars.p99_latency_rise_max))
+        budget_note = budget_said(config, budget_speeds, stops)
     assumed = {"disagreement": d, "cut_disagreement": d_cut, "passage_spread": passage_spread,
                "block_spread": block_spread, "speed_sims": SPEED_SIMS,
                "speeds": [{"prompt_tokens_per_s": s.prompt_tokens_per_s, "s_per_decoded_token": s.s_per_decoded_token}
                           for s in speeds]}
     out = PowerPlan(checks, math.prod(c.p_pass for c in checks), assumed, left)
+    if budget_note:
+        out.caveats.append(budget_note)
     if "load" in probes and not load.advisory and block_spread < GPU_SPREAD:
-        out.caveats.append(measured_speed(load, config.bars.throughput_drop_max, block_spread))
+        out.caveats.append(measured_speed(load, config.bars.throughput_drop_max, block_spread, stop))
     if out.reaches or not units:
         if not out.reaches:
             out.why_not = "no planned probe's size can be raised to reach it" + _more_blocks(
-                config, out, block_spread)
+                config, out, block_spread, servers, speeds)
         return out
 
     def seconds(probe: str, n: int) -> list[float]:
@@ -365,32 +400,60 @@ def plan_power(config: Config, probes: Sequence[str], *, documents: dict[str, in
                                   u.p_at(need) if need is not None else None, seconds(u.probe, u.have),
                                   seconds(u.probe, need) if need is not None else None, note))
     if any(r.need is None for r in out.resizes):
-        out.why_not = ("the checks that cannot be resized hold it under 0.8" + _more_blocks(config, out, block_spread)
+        out.why_not = ("the checks that cannot be resized hold it under 0.8"
+                       + _more_blocks(config, out, block_spread, servers, speeds)
                        if fixed < TARGET else f"no size up to {MAX_UNITS:,} reaches it")
         return out
     out.p_adopt_resized = fixed * math.prod(r.p_need or 0.0 for r in out.resizes)
     return out
 
 
-def measured_speed(load: Any, bar: float, assumed: float) -> str:
+def measured_speed(load: Any, bar: float, assumed: float, stop: int | None = None) -> str:
     """The speed endpoint's P(pass | equal) at the H200 runs' spread, beside the one planned at."""
-    p = speed_pass(load, bar, GPU_SPREAD)
+    p = speed_pass(load, bar, GPU_SPREAD, stop=stop)
+    over = (f"the {stop} blocks its budget holds" if stop is not None
+            else f"all its {load.blocks} blocks (fewer when budget_s stops it first)")
     return (f"speed is planned at a block spread of {assumed:g} (the 2-core CPU demos'); the H200 runs of a 5M "
-            f"model measured {GPU_SPREAD:g}, where this design passes an equal candidate {p:.2f} over all its "
-            f"{load.blocks} blocks (fewer when budget_s stops it first), and P(adopt | equal) is that times the rest: "
-            "the load probe's pilot measures the spread and says what would settle it")
+            f"model measured {GPU_SPREAD:g}, where this design passes an equal candidate {p:.2f} over {over}, "
+            "and P(adopt | equal) is that times the rest: the load probe's pilot measures the spread and says "
+            "what would settle it")
+
+
+def budget_said(config: Config, speeds: Sequence[Speed], stops: list[int | None]) -> str | None:
+    """What [load] budget_s does to the speed figure: the blocks it holds at each speed, or that it is not
+    costed."""
+    load = config.load
+    if load.budget_s is None or load.repeats is not None:
+        return None
+    if not speeds:
+        return (f"[load] budget_s {load.budget_s:g} s is not costed before the pilot: speed is planned over the "
+                f"design's {load.blocks} blocks, and the pilot re-plans within the budget at its blocks' measured "
+                "time (the recorded runs: 31-35 s a block on an H100, 56 s on the 2-core Xeon demo, 80 s on the AVX2 "
+                "one, two to four times under the rough model's slow end)")
+    if all(n is None for n in stops):
+        return None
+    bar = config.bars.throughput_drop_max
+    held = [f"{'all' if n is None else f'about {n}'} of the design's {load.blocks} blocks at "
+            f"{s.prompt_tokens_per_s:,.0f} prompt tokens/s"
+            + (f" (speed P(pass | equal) {speed_pass(load, bar, stop=n):.3f})" if len(speeds) > 1 else "")
+            for s, n in zip(speeds, stops, strict=True)]
+    stop = _most(stops)
+    planned = f"over {stop}, with a last look at the budget" if stop is not None else "over the whole design"
+    return (f"[load] budget_s {load.budget_s:g} s holds {'; '.join(held)}: speed is planned {planned}; the "
+            "pilot re-plans at the blocks' measured time")
 
 
 MOST_BLOCKS = 400  # past this a design is no plan: the cases must be longer or the servers quieter
 
 
-def blocks_reaching(load: Any, bar: float, spread: float, target: float) -> int | None:
-    """The fewest max_blocks (in steps of look_every) whose design passes an equal candidate with `target` at
-    `spread`; None past MOST_BLOCKS. Coarse on purpose: each size is a calibration and a simulation."""
+def blocks_reaching(load: Any, bar: float, spread: float, target: float, start: int | None = None) -> int | None:
+    """The fewest max_blocks from `start` (default: the declared max_blocks; in steps of look_every) whose
+    design passes an equal candidate with `target` at `spread`; None past MOST_BLOCKS. Coarse on purpose:
+    each size is a calibration and a simulation."""
     if load.repeats is not None or bar <= 0:
         return None
     step = max(1, load.look_every)
-    n = max(load.max_blocks, sequential.ROBUST_MIN_LOOK)
+    n = max(load.max_blocks if start is None else start, sequential.ROBUST_MIN_LOOK)
     while n <= MOST_BLOCKS:
         if speed_pass(load.model_copy(update={"max_blocks": n}), bar, spread) >= target:
             return n
@@ -398,8 +461,9 @@ def blocks_reaching(load: Any, bar: float, spread: float, target: float) -> int 
     return None
 
 
-def _more_blocks(config: Config, plan: PowerPlan, spread: float) -> str:
-    """Where the speed endpoint holds the product under TARGET: the max_blocks that would lift it there."""
+def _more_blocks(config: Config, plan: PowerPlan, spread: float, servers: int, speeds: Sequence[Speed]) -> str:
+    """Where the speed endpoint holds the product under TARGET: the max_blocks that would lift it there,
+    and the budget_s those blocks need at the slowest speed given."""
     load = config.load
     speed = next((c for c in plan.checks if c.id == "load.endpoint.throughput_drop"), None)
     if speed is None or load.repeats is not None:
@@ -407,13 +471,34 @@ def _more_blocks(config: Config, plan: PowerPlan, spread: float) -> str:
     rest = plan.p_adopt / speed.p_pass if speed.p_pass > 0 else 0.0
     if rest < TARGET:
         return ""
-    need = blocks_reaching(load, config.bars.throughput_drop_max, spread, TARGET / rest)
+    cut = speed.n < load.blocks  # the budget stops the design before its last look
+    # Where the budget cuts the design short, a smaller whole design may need less time than a longer budget.
+    need = blocks_reaching(load, config.bars.throughput_drop_max, spread, TARGET / rest,
+                           sequential.ROBUST_MIN_LOOK if cut else None)
     if need is None:
         return (f"; speed cannot reach it within {MOST_BLOCKS} blocks at a block spread of {spread:g}: lengthen the "
                 "cases or quiet the servers")
     p_need = speed_pass(load.model_copy(update={"max_blocks": need}), config.bars.throughput_drop_max, spread)
+    blocks = (f"its {need} blocks" if need == load.max_blocks else f"[load] max_blocks = {need}")
+    if cut:
+        return (f"; speed would with {blocks} run whole (P {speed.p_pass:.3f} -> {p_need:.3f}), "
+                + _holding(config, need, servers, speeds))
     return (f"; speed would with [load] max_blocks = {need} (P {speed.p_pass:.3f} -> {p_need:.3f}), "
-            "and a budget_s that holds them")
+            + _holding(config, need, servers, speeds))
+
+
+def _holding(config: Config, blocks: int, servers: int, speeds: Sequence[Speed]) -> str:
+    """'and a budget_s that holds them (~N min)' at the speeds given, or without a time when none is."""
+    from kvprobe.probes.load import block_seconds
+
+    if not speeds:
+        return "and a budget_s that holds them"
+    times = []
+    for s in speeds:
+        warmup, block = block_seconds(config, servers, s.prompt_tokens_per_s,
+                                      min(s.s_per_decoded_token, LOAD_DECODE_S_PER_TOKEN))
+        times.append(warmup + blocks * block)
+    return f"and a budget_s that holds them ({_time(times)})"
 
 
 def latency_not_gated(bar: float) -> str:

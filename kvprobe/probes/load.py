@@ -677,6 +677,28 @@ def rough_seconds(config: Config, servers: int, rate: float, decode: float) -> t
     """`kvprobe check`'s rough time, (to the design's first look, to its last), at one assumed speed: the
     whole declared design, where budget_cost prices the blocks to the first look for a --budget."""
     ld = config.load
+    warmup, block = block_seconds(config, servers, rate, decode)
+    looks = of_settings(ld).looks  # the design declared now: rules/5's first look is at 8 blocks
+    low, high = looks[0] * block, looks[-1] * block
+    if ld.budget_s is not None:  # no block starts after the budget
+        low, high = min(low, ld.budget_s + block), min(high, ld.budget_s + block)
+    return warmup + low, warmup + high
+
+
+def budget_blocks(config: Config, servers: int, rate: float, decode: float) -> int | None:
+    """The blocks [load] budget_s holds at one speed (None: no budget). The budget runs from the probe's
+    start, warm-up included, and a block starts only when it would end inside it: what _stop_reason does
+    with the last block's time."""
+    budget = config.load.budget_s
+    if budget is None:
+        return None
+    warmup, block = block_seconds(config, servers, rate, decode)
+    return max(0, int((budget - warmup) // block)) if block > 0 else None
+
+
+def block_seconds(config: Config, servers: int, rate: float, decode: float) -> tuple[float, float]:
+    """(the warm-up's seconds, one block's) at one assumed speed, every case on `servers` servers."""
+    ld = config.load
 
     def case(shape: Any, agents: int) -> float:
         if ld.duration_s:
@@ -693,8 +715,4 @@ def rough_seconds(config: Config, servers: int, rate: float, decode: float) -> t
     shapes = shapes_of(ld)
     block = servers * sum(case(s, a) + ld.settle_s for s in shapes for a in s.agents)
     warmup = servers * sum(case(s, min(s.agents)) for s in shapes) if ld.warmup else 0.0
-    looks = of_settings(ld).looks  # the design declared now: rules/5's first look is at 8 blocks
-    low, high = looks[0] * block, looks[-1] * block
-    if ld.budget_s is not None:  # no block starts after the budget
-        low, high = min(low, ld.budget_s + block), min(high, ld.budget_s + block)
-    return warmup + low, warmup + high
+    return warmup, block

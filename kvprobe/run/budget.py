@@ -24,6 +24,9 @@ if TYPE_CHECKING:  # a type only: `kvprobe check` costs probes with no server cl
 # Measured on the demo trio (needle-llama, 2 cores): decode runs ~30 ms a token while other servers
 # share the CPU.
 DECODE_S_PER_TOKEN = 0.03
+# Load decodes in batches on servers taking turns: the AVX2-only EPYC's single-agent cases took ~9 ms a
+# token (tests/fixtures/runs/amd-avx2-demo), not the 30 ms of answers decoded beside other servers' work.
+LOAD_DECODE_S_PER_TOKEN = 0.01
 # Verdict, signature, reports and their plots after the last probe: ~5-10 s on a busy 2-core box.
 RESERVE_S = 12.0
 RESERVE_SHARE = 0.05

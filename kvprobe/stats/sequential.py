@@ -192,17 +192,21 @@ def _calibrate_robust(looks: tuple[int, ...], alpha: float) -> float:
 
 
 def operating(plan: Design, sigma: float, margin: float, truth: float = 0.0, sims: int = 20_000,
-              noise: str = "normal", seed: int = SEED) -> tuple[float, float, float]:
+              noise: str = "normal", seed: int = SEED, stop: int | None = None) -> tuple[float, float, float]:
     """(P(pass), P(fail), mean blocks used) of the design for a candidate whose mean log loss is `truth`,
     block losses spread `sigma` with one FAMILY member's shape, by seeded simulation: what a plan can
-    promise before its blocks run (the robust statistic has no closed-form power)."""
-    n_max = plan.n_max
+    promise before its blocks run (the robust statistic has no closed-form power). `stop`: the blocks a
+    time budget holds, when fewer than the design's; its last look is `look(..., final=True)`'s."""
+    looks = plan.looks
+    if stop is not None and stop < plan.n_max:
+        looks = (*(n for n in plan.looks if n < stop), stop)
+    n_max = looks[-1]
     x = truth - margin + sigma * _family_noise(noise, np.random.default_rng(seed), (sims, n_max))
     done = np.zeros(sims, bool)
     passed, failed = np.zeros(sims, bool), np.zeros(sims, bool)
     used = np.full(sims, n_max, dtype=float)
-    for n in plan.looks:
-        if n < 2 or (plan.statistic == ROBUST and n < MIN_LOOK):
+    for n in looks:
+        if n < 2 or ((plan.statistic == ROBUST or len(plan.looks) > 1) and n < MIN_LOOK):
             continue
         part = x[:, :n]
         if plan.statistic == ROBUST:
@@ -211,8 +215,12 @@ def operating(plan: Design, sigma: float, margin: float, truth: float = 0.0, sim
             sd = part.std(axis=1, ddof=1)
             with np.errstate(divide="ignore", invalid="ignore"):
                 stat = part.mean(axis=1) / (sd / math.sqrt(n))
-        p = (-stat > plan.boundary(n)) & ~done
-        f = (stat > plan.fail_boundary(n)) & ~done & ~p
+        b, b_fail = plan.boundary(n), plan.fail_boundary(n)
+        if n not in plan.looks:  # the budget's last look: never below the fixed-sample t, as `look` has it
+            floor = t_quantile(1 - plan.alpha, n - 1)
+            b, b_fail = max(b, floor), max(b_fail, floor)
+        p = (-stat > b) & ~done
+        f = (stat > b_fail) & ~done & ~p
         used[p | f] = n
         passed |= p
         failed |= f
