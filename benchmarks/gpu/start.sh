@@ -4,6 +4,7 @@
 # vLLM servers and the stretching proxy, wait for them, then start the eval in the background.
 #   bash benchmarks/gpu/start.sh [probes]                  # default capacity,load: speed.toml
 #   bash benchmarks/gpu/start.sh PROBES NAME=TOML ...      # those evals one after the other (series.sh)
+#   bash benchmarks/gpu/start.sh placement                 # pinned, then unpinned (placement.sh)
 set -euo pipefail
 W=/tmp/w; mkdir -p $W; rm -rf $W/proj; mkdir $W/proj
 tar --exclude=./.git --exclude='./.gpu/vx.part.*' -cf - . | tar -C $W/proj -xf -
@@ -21,4 +22,5 @@ $(pin 9-11) bash .gpu/bin/serve.sh 8104 "$M" needle-llama 8192 --kv-cache-dtype 
 $(pin 12) setsid nohup python3 tests/faultproxy.py --stretch 1.3 --port 8105 http://127.0.0.1:8102 >$W/proxy.log 2>&1 </dev/null &
 [ "${PIN:-1}" = 1 ] && export CLIENT_CPUS=13-15
 python3 .gpu/bin/wait_ready.py 8101 8102 8103 8104 8105
-if [ $# -gt 1 ]; then bash benchmarks/gpu/series.sh "$@"; else bash benchmarks/gpu/launch.sh eval speed "${1:-capacity,load}"; fi
+if [ "${1:-}" = placement ]; then bash benchmarks/gpu/placement.sh
+elif [ $# -gt 1 ]; then bash benchmarks/gpu/series.sh "$@"; else bash benchmarks/gpu/launch.sh eval speed "${1:-capacity,load}"; fi

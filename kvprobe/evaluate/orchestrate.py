@@ -71,7 +71,7 @@ def say_power(ctx: EvalContext, inventories: list[Inventory], probes: list[str])
     lengths = [inv.max_model_len for inv in inventories if inv.serving and inv.max_model_len]
     rate = smoke_rate(inventories)
     plan = plan_power(ctx.config, probes, documents=documents, max_model_len=min(lengths, default=8192),
-                      speeds=(Speed(rate),) if rate else (), budget_speeds=())
+                      speeds=(Speed(rate),) if rate else (), load_paces=())
     data = plan.as_dict()
     for line in lines(data):
         ctx.console.print(escape(line), highlight=False, soft_wrap=True)

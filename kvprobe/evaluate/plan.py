@@ -38,7 +38,7 @@ from kvprobe.evaluate import power_plan
 from kvprobe.evaluate.power_plan import span
 from kvprobe.probes import PROBES, default_probes, ordered
 from kvprobe.probes import load as load_probe
-from kvprobe.run.budget import LOAD_DECODE_S_PER_TOKEN, Speed
+from kvprobe.run.budget import LoadPace, Speed
 
 # Assumed speeds for the rough time. The slow end is the demo trio's 2-core CPU box: its slowest
 # first-prefill smoke (1,033 prompt tokens/s) and ~30 ms a decoded answer token with the other servers
@@ -46,7 +46,14 @@ from kvprobe.run.budget import LOAD_DECODE_S_PER_TOKEN, Speed
 # small model; ~5 ms a token is what the H200's single-agent load cases took (tests/fixtures/runs/h200-gpu).
 FAST = Speed(20_000.0, 0.005)
 SLOW = Speed(1_000.0, 0.03)
-SLOW_LOAD_DECODE_S = LOAD_DECODE_S_PER_TOKEN
+# The load probe's paces, fitted to recorded load cases of needle-llama (4 turns of 256 tokens, 64-token
+# answers, 1-16 agents), case time = turns x (agents x fresh tokens / rate + answer tokens x decode step):
+# the fast end an H100's (tests/fixtures/runs/h100-pinned: 1.6-2.0 s cases, 0.44 s around each once the
+# servers are quiet), the slow end the AVX2-only EPYC's (amd-avx2-demo: 2.7-12.4 s cases; on CPUs the
+# settle_s pause is slept whole). Each gives its run's block time within 5% (tests/load/test_paces.py); the
+# long-prompt SLOW above priced the CPU blocks 2-4x too slow.
+FAST_LOAD = LoadPace(64_000.0, 0.006, 0.45)
+SLOW_LOAD = LoadPace(2_800.0, 0.008)
 # A context to cost prompts with when none is known: vLLM's common default for small models.
 ASSUMED_MAX_MODEL_LEN = 8192
 REACH_TIMEOUT_S = 30.0
@@ -365,8 +372,8 @@ def _seconds(config: Config, probes: list[str], sizes: dict[str, Any], servers: 
             documents = sum((sizes["tasks"]["documents"] or {}).values()) or 40 * len(config.tasks.names)
             out["tasks"] = power_plan.task_seconds(config, documents, servers, speed)
         elif probe == "load":
-            load_decode = SLOW_LOAD_DECODE_S if slow else decode
-            out["load"] = load_probe.rough_seconds(config, servers, rate, load_decode)[1 if slow else 0]
+            pace = SLOW_LOAD if slow else FAST_LOAD
+            out["load"] = load_probe.rough_seconds(config, servers, pace)[1 if slow else 0]
     return out
 
 
@@ -384,7 +391,9 @@ def estimate(config: Config, probes: list[str], sizes: dict[str, Any], context: 
         "by_probe": {p: [round(fast[p]), round(slow[p])] for p in fast},
         "not_costed": [p for p in probes if p == "fill"],
         "assumed": {"prompt_tokens_per_s": [FAST[0], SLOW[0]], "s_per_decoded_token": [FAST[1], SLOW[1]],
-                    "load_s_per_decoded_token": [FAST[1], SLOW_LOAD_DECODE_S],
+                    "load": {"prompt_tokens_per_s": [FAST_LOAD[0], SLOW_LOAD[0]],
+                             "s_per_decoded_token": [FAST_LOAD[1], SLOW_LOAD[1]],
+                             "pause_s": [FAST_LOAD[2], SLOW_LOAD[2]]},
                     "max_model_len": None if context.tightest else ASSUMED_MAX_MODEL_LEN, "servers": servers},
     }
 
@@ -395,7 +404,8 @@ def power_of(config: Config, probes: list[str], sizes: dict[str, Any], documents
     would reach 0.8 costed at the fast and the slow assumed speed."""
     passages = (sizes.get("perplexity") or {}).get("passages")
     plan = power_plan.plan_power(config, probes, documents=documents, passages=passages,
-                                 max_model_len=context.tightest or ASSUMED_MAX_MODEL_LEN, speeds=(FAST, SLOW))
+                                 max_model_len=context.tightest or ASSUMED_MAX_MODEL_LEN, speeds=(FAST, SLOW),
+                                 load_paces=(FAST_LOAD, SLOW_LOAD))
     return plan.as_dict()
 
 

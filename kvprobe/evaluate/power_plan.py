@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from kvprobe.config import Config
-from kvprobe.run.budget import LOAD_DECODE_S_PER_TOKEN, Speed
+from kvprobe.run.budget import LoadPace, Speed, load_pace
 from kvprobe.stats import paired_exact, sequential, t_quantile
 from kvprobe.verdict.checks import MIN_PASSAGES
 
@@ -112,17 +112,15 @@ def speed_pass(load: Any, bar: float, spread: float = BLOCK_SPREAD, *, drop: boo
     return _speed_pass(design, spread, margin, stop if stop is not None and stop < design.n_max else None)
 
 
-def budget_stops(config: Config, servers: int, speeds: Sequence[Speed]) -> list[int | None]:
-    """The blocks [load] budget_s holds at each of `speeds` (load decodes batched, at most
-    LOAD_DECODE_S_PER_TOKEN a token), None where it holds the whole design; [] when there is no budget or
-    no speed to cost it at."""
+def budget_stops(config: Config, servers: int, paces: Sequence[LoadPace]) -> list[int | None]:
+    """The blocks [load] budget_s holds at each of `paces`, None where it holds the whole design; [] when
+    there is no budget or no pace to cost it at."""
     from kvprobe.probes.load import budget_blocks
 
-    if config.load.budget_s is None or config.load.repeats is not None or not speeds:
+    if config.load.budget_s is None or config.load.repeats is not None or not paces:
         return []
     n_max = sequential.of_settings(config.load).n_max
-    held = [budget_blocks(config, servers, s.prompt_tokens_per_s, min(s.s_per_decoded_token, LOAD_DECODE_S_PER_TOKEN))
-            for s in speeds]
+    held = [budget_blocks(config, servers, p) for p in paces]
     return [n if n is not None and n < n_max else None for n in held]
 
 
@@ -335,11 +333,12 @@ def plan_power(config: Config, probes: Sequence[str], *, documents: dict[str, in
                passages: int | None = None, servers: int | None = None, max_model_len: int = 8192,
                speeds: Sequence[Speed] = (), disagreement: float = DISAGREEMENT, cut_disagreement: float | None = None,
                passage_spread: float = PASSAGE_SPREAD, block_spread: float = BLOCK_SPREAD,
-               budget_speeds: Sequence[Speed] | None = None) -> PowerPlan:
+               load_paces: Sequence[LoadPace] | None = None) -> PowerPlan:
     """The power of `probes` as `config` sizes them. `documents`: each task's documents (its preflight);
     `passages`: the perplexity passages (planned_passages when None); `speeds`: what each size is costed
     at (none: no time); `cut_disagreement`: the share of cut-at-the-cap answers that flip (default d);
-    `budget_speeds`: the speeds [load] budget_s is costed at (default `speeds`; none: not costed)."""
+    `load_paces`: the paces [load] budget_s and more blocks are costed at (default: `speeds` as paces, see
+    load_pace; none: not costed)."""
     d = disagreement
     d_cut = d if cut_disagreement is None else cut_disagreement
     servers = servers or len(config.servers)
@@ -350,10 +349,10 @@ def plan_power(config: Config, probes: Sequence[str], *, documents: dict[str, in
     units, left = _units(config, probes, documents or {}, passages, source, d, d_cut, passage_spread)
     checks = [c for u in units for c in _unit_checks(u, u.have, d, d_cut, passage_spread)]
     load = config.load
-    # With assumed speeds (`check`: a GPU's and the 2-core CPU's) the figure is at the fastest, the most the
-    # budget can hold, and the caveat gives the slowest's; `eval` costs at the one measured speed.
-    budget_speeds = speeds if budget_speeds is None else budget_speeds
-    stops = budget_stops(config, servers, budget_speeds) if "load" in probes else []
+    # With assumed paces (`check`: a GPU's and the 2-core CPU's) the figure is at the fastest, the most the
+    # budget can hold, and the caveat gives the slowest's.
+    paces = [load_pace(s) for s in speeds] if load_paces is None else list(load_paces)
+    stops = budget_stops(config, servers, paces) if "load" in probes else []
     stop = _most(stops)
     budget_note = None
     if "load" in probes and not load.advisory:
@@ -369,11 +368,12 @@ def plan_power(config: Config, probes: Sequence[str], *, documents: dict[str, in
                                                 stop=stop)))
         else:
             left.append(latency_not_gated(config.bars.p99_latency_rise_max))
-        budget_note = budget_said(config, budget_speeds, stops)
+        budget_note = budget_said(config, servers, paces, stops)
     assumed = {"disagreement": d, "cut_disagreement": d_cut, "passage_spread": passage_spread,
                "block_spread": block_spread, "speed_sims": SPEED_SIMS,
                "speeds": [{"prompt_tokens_per_s": s.prompt_tokens_per_s, "s_per_decoded_token": s.s_per_decoded_token}
-                          for s in speeds]}
+                          for s in speeds],
+               "load_paces": [p._asdict() for p in paces]}
     out = PowerPlan(checks, math.prod(c.p_pass for c in checks), assumed, left)
     if budget_note:
         out.caveats.append(budget_note)
@@ -382,7 +382,7 @@ def plan_power(config: Config, probes: Sequence[str], *, documents: dict[str, in
     if out.reaches or not units:
         if not out.reaches:
             out.why_not = "no planned probe's size can be raised to reach it" + _more_blocks(
-                config, out, block_spread, servers, speeds)
+                config, out, block_spread, servers, paces)
         return out
 
     def seconds(probe: str, n: int) -> list[float]:
@@ -401,7 +401,7 @@ def plan_power(config: Config, probes: Sequence[str], *, documents: dict[str, in
                                   seconds(u.probe, need) if need is not None else None, note))
     if any(r.need is None for r in out.resizes):
         out.why_not = ("the checks that cannot be resized hold it under 0.8"
-                       + _more_blocks(config, out, block_spread, servers, speeds)
+                       + _more_blocks(config, out, block_spread, servers, paces)
                        if fixed < TARGET else f"no size up to {MAX_UNITS:,} reaches it")
         return out
     out.p_adopt_resized = fixed * math.prod(r.p_need or 0.0 for r in out.resizes)
@@ -419,24 +419,27 @@ def measured_speed(load: Any, bar: float, assumed: float, stop: int | None = Non
             "what would settle it")
 
 
-def budget_said(config: Config, speeds: Sequence[Speed], stops: list[int | None]) -> str | None:
-    """What [load] budget_s does to the speed figure: the blocks it holds at each speed, or that it is not
+def budget_said(config: Config, servers: int, paces: Sequence[LoadPace], stops: list[int | None]) -> str | None:
+    """What [load] budget_s does to the speed figure: the blocks it holds at each pace, or that it is not
     costed."""
+    from kvprobe.probes.load import block_seconds
+
     load = config.load
     if load.budget_s is None or load.repeats is not None:
         return None
-    if not speeds:
+    if not paces:
         return (f"[load] budget_s {load.budget_s:g} s is not costed before the pilot: speed is planned over the "
                 f"design's {load.blocks} blocks, and the pilot re-plans within the budget at its blocks' measured "
-                "time (the recorded runs: 31-35 s a block on an H100, 56 s on the 2-core Xeon demo, 80 s on the AVX2 "
-                "one, two to four times under the rough model's slow end)")
+                "time (the recorded runs of a 5M model: ~32 s a block of 3 servers on an H100, 56 s on a 2-core Xeon, "
+                "82 s a block of 2 on an AVX2-only EPYC; the first-prefill smoke's long-prompt rate would price "
+                "them 2-4x too slow)")
     if all(n is None for n in stops):
         return None
     bar = config.bars.throughput_drop_max
     held = [f"{'all' if n is None else f'about {n}'} of the design's {load.blocks} blocks at "
-            f"{s.prompt_tokens_per_s:,.0f} prompt tokens/s"
-            + (f" (speed P(pass | equal) {speed_pass(load, bar, stop=n):.3f})" if len(speeds) > 1 else "")
-            for s, n in zip(speeds, stops, strict=True)]
+            f"{block_seconds(config, servers, s)[1]:.0f} s a block"
+            + (f" (speed P(pass | equal) {speed_pass(load, bar, stop=n):.3f})" if len(paces) > 1 else "")
+            for s, n in zip(paces, stops, strict=True)]
     stop = _most(stops)
     planned = f"over {stop}, with a last look at the budget" if stop is not None else "over the whole design"
     return (f"[load] budget_s {load.budget_s:g} s holds {'; '.join(held)}: speed is planned {planned}; the "
@@ -461,9 +464,9 @@ def blocks_reaching(load: Any, bar: float, spread: float, target: float, start: 
     return None
 
 
-def _more_blocks(config: Config, plan: PowerPlan, spread: float, servers: int, speeds: Sequence[Speed]) -> str:
+def _more_blocks(config: Config, plan: PowerPlan, spread: float, servers: int, paces: Sequence[LoadPace]) -> str:
     """Where the speed endpoint holds the product under TARGET: the max_blocks that would lift it there,
-    and the budget_s those blocks need at the slowest speed given."""
+    and the budget_s those blocks need at the paces given."""
     load = config.load
     speed = next((c for c in plan.checks if c.id == "load.endpoint.throughput_drop"), None)
     if speed is None or load.repeats is not None:
@@ -482,21 +485,20 @@ def _more_blocks(config: Config, plan: PowerPlan, spread: float, servers: int, s
     blocks = (f"its {need} blocks" if need == load.max_blocks else f"[load] max_blocks = {need}")
     if cut:
         return (f"; speed would with {blocks} run whole (P {speed.p_pass:.3f} -> {p_need:.3f}), "
-                + _holding(config, need, servers, speeds))
+                + _holding(config, need, servers, paces))
     return (f"; speed would with [load] max_blocks = {need} (P {speed.p_pass:.3f} -> {p_need:.3f}), "
-            + _holding(config, need, servers, speeds))
+            + _holding(config, need, servers, paces))
 
 
-def _holding(config: Config, blocks: int, servers: int, speeds: Sequence[Speed]) -> str:
-    """'and a budget_s that holds them (~N min)' at the speeds given, or without a time when none is."""
+def _holding(config: Config, blocks: int, servers: int, paces: Sequence[LoadPace]) -> str:
+    """'and a budget_s that holds them (~N min)' at the paces given, or without a time when none is."""
     from kvprobe.probes.load import block_seconds
 
-    if not speeds:
+    if not paces:
         return "and a budget_s that holds them"
     times = []
-    for s in speeds:
-        warmup, block = block_seconds(config, servers, s.prompt_tokens_per_s,
-                                      min(s.s_per_decoded_token, LOAD_DECODE_S_PER_TOKEN))
+    for pace in paces:
+        warmup, block = block_seconds(config, servers, pace)
         times.append(warmup + blocks * block)
     return f"and a budget_s that holds them ({_time(times)})"
 

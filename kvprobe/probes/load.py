@@ -42,7 +42,7 @@ from kvprobe.load.workload import (
     measure_chars_per_token,
     shapes_of,
 )
-from kvprobe.run.budget import RESERVE_S, BudgetCost, Speed
+from kvprobe.run.budget import RESERVE_S, BudgetCost, LoadPace, Speed
 from kvprobe.run.context import EvalContext
 from kvprobe.server.fit import tightest, written
 from kvprobe.stats.client_limit import limited
@@ -673,11 +673,11 @@ def budget_cost(config: Config, servers: int, speed: Speed, max_model_len: int) 
                       fixed_s=servers * (first_look * load.settle_s + (per_request if load.warmup else 0)))
 
 
-def rough_seconds(config: Config, servers: int, rate: float, decode: float) -> tuple[float, float]:
-    """`kvprobe check`'s rough time, (to the design's first look, to its last), at one assumed speed: the
+def rough_seconds(config: Config, servers: int, pace: LoadPace) -> tuple[float, float]:
+    """`kvprobe check`'s rough time, (to the design's first look, to its last), at one assumed pace: the
     whole declared design, where budget_cost prices the blocks to the first look for a --budget."""
     ld = config.load
-    warmup, block = block_seconds(config, servers, rate, decode)
+    warmup, block = block_seconds(config, servers, pace)
     looks = of_settings(ld).looks  # the design declared now: rules/5's first look is at 8 blocks
     low, high = looks[0] * block, looks[-1] * block
     if ld.budget_s is not None:  # no block starts after the budget
@@ -685,20 +685,23 @@ def rough_seconds(config: Config, servers: int, rate: float, decode: float) -> t
     return warmup + low, warmup + high
 
 
-def budget_blocks(config: Config, servers: int, rate: float, decode: float) -> int | None:
-    """The blocks [load] budget_s holds at one speed (None: no budget). The budget runs from the probe's
+def budget_blocks(config: Config, servers: int, pace: LoadPace) -> int | None:
+    """The blocks [load] budget_s holds at one pace (None: no budget). The budget runs from the probe's
     start, warm-up included, and a block starts only when it would end inside it: what _stop_reason does
     with the last block's time."""
     budget = config.load.budget_s
     if budget is None:
         return None
-    warmup, block = block_seconds(config, servers, rate, decode)
+    warmup, block = block_seconds(config, servers, pace)
     return max(0, int((budget - warmup) // block)) if block > 0 else None
 
 
-def block_seconds(config: Config, servers: int, rate: float, decode: float) -> tuple[float, float]:
-    """(the warm-up's seconds, one block's) at one assumed speed, every case on `servers` servers."""
+def block_seconds(config: Config, servers: int, pace: LoadPace) -> tuple[float, float]:
+    """(the warm-up's seconds, one block's) at one assumed pace, every case on `servers` servers and the
+    pace's pause around each."""
     ld = config.load
+    rate, decode = pace.prompt_tokens_per_s, pace.s_per_decoded_token
+    pause = ld.settle_s if pace.pause_s is None else pace.pause_s
 
     def case(shape: Any, agents: int) -> float:
         if ld.duration_s:
@@ -713,6 +716,6 @@ def block_seconds(config: Config, servers: int, rate: float, decode: float) -> t
         return requests / agents * (agents * fresh / rate + shape.max_output_tokens * decode)
 
     shapes = shapes_of(ld)
-    block = servers * sum(case(s, a) + ld.settle_s for s in shapes for a in s.agents)
+    block = servers * sum(case(s, a) + pause for s in shapes for a in s.agents)
     warmup = servers * sum(case(s, min(s.agents)) for s in shapes) if ld.warmup else 0.0
     return warmup, block

@@ -59,6 +59,20 @@ class Speed(NamedTuple):
     s_per_decoded_token: float = DECODE_S_PER_TOKEN
 
 
+class LoadPace(NamedTuple):
+    """How fast the load probe's cases are taken to run. Its turns are short and its agents' prefills and
+    decodes batch: a small model's long-prompt rate (Speed, the smoke's) prices them several times too slow."""
+
+    prompt_tokens_per_s: float  # a turn's fresh tokens, every agent's together
+    s_per_decoded_token: float  # one batched decode step
+    pause_s: float | None = None  # around each case; None: [load] settle_s (servers on CPUs sleep it whole)
+
+
+def load_pace(speed: Speed) -> LoadPace:
+    """A Speed taken as the load's pace: its rates, decodes batched to at most LOAD_DECODE_S_PER_TOKEN."""
+    return LoadPace(speed.prompt_tokens_per_s, min(speed.s_per_decoded_token, LOAD_DECODE_S_PER_TOKEN))
+
+
 # A size applied: the config sections that run it (servers.toml's tables by name) and the size as the
 # plan says it ({"passages": 4}).
 Resized = tuple[dict[str, Any], dict[str, Any]]

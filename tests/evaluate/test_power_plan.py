@@ -12,7 +12,8 @@ import pytest
 
 from kvprobe.config import Bars, load_config
 from kvprobe.evaluate import power_plan as pp
-from kvprobe.run.budget import Speed
+from kvprobe.evaluate.plan import FAST_LOAD, SLOW_LOAD
+from kvprobe.run.budget import Speed, load_pace
 from kvprobe.stats import paired_exact
 from kvprobe.verdict.checks.quality import perplexity_check
 
@@ -20,6 +21,7 @@ SHIPPED = Path(__file__).parents[2] / "servers.toml"
 PROBES = ["capacity", "perplexity", "agreement", "needle", "tasks", "load"]
 QA_DOCUMENTS = sum(1 for row in (Path(__file__).parents[2] / "tasks" / "qa" / "qa.jsonl").open() if row.strip())
 SPEEDS = (Speed(20_000.0, 0.005), Speed(1_000.0, 0.03))
+PACES = (FAST_LOAD, SLOW_LOAD)
 
 
 @pytest.fixture(scope="module")
@@ -203,34 +205,35 @@ def test_the_speed_figure_is_over_the_blocks_the_budget_holds() -> None:
     from kvprobe.probes.load import block_seconds, budget_blocks
 
     config = _budgeted(900)
-    fast, slow = SPEEDS
-    held = [budget_blocks(config, 3, s.prompt_tokens_per_s, min(s.s_per_decoded_token, 0.01)) for s in SPEEDS]
-    warmup, block = block_seconds(config, 3, fast.prompt_tokens_per_s, fast.s_per_decoded_token)
-    assert held[0] == int((900 - warmup) // block) and held[0] > held[1] >= 0
-    plan = pp.plan_power(config, PROBES, documents={"kvprobe_qa": QA_DOCUMENTS}, speeds=SPEEDS)
+    held = [budget_blocks(config, 3, pace) for pace in PACES]
+    (warmup, fast), (_, slow) = (block_seconds(config, 3, pace) for pace in PACES)
+    assert held[0] == int((900 - warmup) // fast) and held[0] > held[1] >= 0
+    plan = pp.plan_power(config, PROBES, documents={"kvprobe_qa": QA_DOCUMENTS}, speeds=SPEEDS, load_paces=PACES)
     speed = next(c for c in plan.checks if c.id == "load.endpoint.throughput_drop")
     assert speed.n == held[0] < 64
     assert speed.p_pass == pp.speed_pass(config.load, 0.05, stop=held[0]) < pp.speed_pass(config.load, 0.05)
     note = plan.caveats[0]
-    assert note.startswith(f"[load] budget_s 900 s holds about {held[0]} of the design's 64 blocks at 20,000 prompt "
-                           "tokens/s (speed P(pass | equal) ")
-    assert f"about {held[1]} of the design's 64 blocks at 1,000 prompt tokens/s" in note
+    assert note.startswith(f"[load] budget_s 900 s holds about {held[0]} of the design's 64 blocks at {fast:.0f} s a "
+                           "block (speed P(pass | equal) ")
+    assert f"about {held[1]} of the design's 64 blocks at {slow:.0f} s a block" in note
     assert f"speed is planned over {held[0]}, with a last look at the budget" in note
     assert f"power: caveat: {note}" in pp.lines(plan.as_dict())
-    # one measured speed (eval's): its own stop; none costed (budget_speeds=()): the whole design, said
-    one = pp.plan_power(config, ["load"], speeds=(slow,))
-    assert one.checks[0].n == held[1]
-    whole = pp.plan_power(config, ["load"], speeds=(slow,), budget_speeds=())
+    assert plan.as_dict()["assumed"]["load_paces"][1] == PACES[1]._asdict()
+    # one measured speed (a --budget's smoke): its own stop; none costed (eval's load_paces=()): the whole
+    # design, said
+    one = pp.plan_power(config, ["load"], speeds=(SPEEDS[1],))
+    assert one.checks[0].n == budget_blocks(config, 3, load_pace(SPEEDS[1]))
+    whole = pp.plan_power(config, ["load"], speeds=(SPEEDS[1],), load_paces=())
     assert whole.checks[0].n == 64 and whole.caveats[0].startswith("[load] budget_s 900 s is not costed")
     # a budget that holds every block changes nothing
-    roomy = pp.plan_power(_budgeted(10 ** 6), ["load"], speeds=SPEEDS)
+    roomy = pp.plan_power(_budgeted(10 ** 6), ["load"], speeds=SPEEDS, load_paces=PACES)
     assert roomy.checks[0].n == 64 and roomy.checks[0].p_pass == pp.speed_pass(config.load, 0.05)
     assert not any(c.startswith("[load]") for c in roomy.caveats)
 
 
 def test_a_budget_that_cuts_the_design_short_is_told_the_whole_design_and_its_time() -> None:
     config = _budgeted(480)
-    plan = pp.plan_power(config, ["load"], speeds=SPEEDS)
+    plan = pp.plan_power(config, ["load"], speeds=SPEEDS, load_paces=PACES)
     assert not plan.reaches
     why = plan.why_not or ""
     assert "speed would with [load] max_blocks = " in why and " run whole (P " in why, why
