@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# placement.sh: after start.sh (PIN=1) has the servers up, two evals of placement.toml one after the other in
+# placement.sh: after `PIN=1 start.sh placement` has the servers up, two evals of placement.toml one after the other in
 # the background: `pinned` as started, then `unpinned` with every server process (all threads) and the client
 # allowed onto all cores. Same card, same servers, same session: what pinning alone does to the block spread.
 # Poll each with poll.sh pinned / poll.sh unpinned.

@@ -10,11 +10,14 @@ The model: a case T seconds long has a paired log-ratio variance v * (t / T)^NOI
 at the pilot's length t. Noise that averages over a case would give an exponent of 1. The H200 does not
 average it: a request's time per output token is steady within a case (within a few percent) while its
 level moves by up to half between cases (3.6 vs 5.3 ms at one agent), a state the servers keep for a case
-and change between cases. Pooled over eleven run segments of 1.1 to 5.2 s cases (vLLM 0.26, needle-llama,
-2026-12-04; tests/fixtures/runs/h200-*), a case's spread is 0.14-0.22 whatever its length, an exponent of
-about 0.27 (one quiet run of 5 s cases had 0.087; tests/load/test_h200_speed_runs.py fits it). So a longer
-case buys almost nothing there: the plan keeps the default size and spends the budget on blocks, and
-lengthens a case only when max_blocks, not the budget, caps the blocks.
+and change between cases. Over thirteen recorded run segments of 1.1 to 5.2 s cases (vLLM 0.26,
+needle-llama, 2026-12-04 to 12-06; tests/fixtures/runs/h200-*; tests/load/test_h200_speed_runs.py fits it)
+the exponent is -0.16 pooled and -0.02 within the runs that ran two case lengths: the level moves between
+sessions (a per-case variance of 0.011 to 0.048 at 1-1.5 s cases), not with a case's length. Eleven of
+them once fitted 0.27, and the model took 0.2; two runs of one session on 2026-12-06 (h200-placement-*)
+brought it to none. So a longer case buys nothing there: the plan keeps the default size and spends the
+budget on blocks. The lengthening below stays for noise that does average (an exponent above 0), none
+measured yet.
 
 A block of K cases in the endpoint's scope then has spread sigma_b = sqrt(v * (t / T)^e / K), costs
 S * C * (T + overrun + overhead) seconds (S servers, C cases), and the design fits n_max = the blocks
@@ -48,7 +51,7 @@ DECIDE_POWER = 0.80  # the power at which "the smallest difference this budget c
 PLAN_UCL = 0.80
 MULTIPLIERS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0)
 MAX_CASE_S = 60.0
-NOISE_EXPONENT = 0.2  # the H200 runs' fit, rounded down (module docstring); 1: noise that averages over a case
+NOISE_EXPONENT = 0.0  # the H200 runs' fit (module docstring); 1: noise that averages over a case
 MIN_RESIZED_BLOCKS = 6  # a longer case is planned only while the budget still holds this many blocks of it
 BUDGET_SLACK = 0.95  # plan on this share of the time left: block times vary
 

@@ -42,7 +42,8 @@ def _block_losses(run: str, cand: str) -> list[float]:
 
 
 @pytest.mark.parametrize("run", ["h200-speed-sized", "h200-canary-5m", "h200-long-cases", "h200-slow-twin",
-                                 "h200-twins-default", "h200-quantized-default", "h200-fp8-pair", "h100-pinned"])
+                                 "h200-twins-default", "h200-quantized-default", "h200-fp8-pair", "h100-pinned",
+                                 "h200-placement-pinned", "h200-placement-unpinned"])
 def test_the_recorded_verdict_rederives(run: str) -> None:
     verdict = orjson.loads((RUNS / run / "verdict.json").read_bytes())
     assert rederive(verdict) == []
@@ -85,8 +86,8 @@ def test_the_canary_said_before_its_blocks_that_speed_could_not_settle() -> None
     assert _load("h200-canary-5m")["sizing"]["p_pass_equal"] < 0.5
 
 
-def _segments() -> list[tuple[float, float, int]]:
-    """Every H200 run's load_case records by digest (one case size each): (mean case seconds, pooled
+def _segments() -> list[tuple[str, float, float, int]]:
+    """Every H200 run's load_case records by digest (one case size each): (run, mean case seconds, pooled
     within-case variance of the paired log throughput ratio, its degrees of freedom); the slowed twin,
     whose proxy adds noise of its own, left out."""
     out = []
@@ -110,24 +111,31 @@ def _segments() -> list[tuple[float, float, int]]:
             ss = sum(sum((x - statistics.fmean(v)) ** 2 for x in v) for v in logs.values() if len(v) > 1)
             df = sum(len(v) - 1 for v in logs.values() if len(v) > 1)
             if df:
-                out.append((statistics.fmean(e["summary"]["duration_s"] for e in cases), ss / df, df))
+                out.append((run, statistics.fmean(e["summary"]["duration_s"] for e in cases), ss / df, df))
     return out
 
 
 def test_the_noise_exponent_is_the_one_the_recorded_h200_runs_show() -> None:
+    """Log variance on log case length, df-weighted: pooled over every segment, and within the runs that ran
+    two lengths (each run's own level taken out: the level moves between sessions). Both slopes are minus
+    the exponent, and both put it at about none, the model's, far from noise that averages (1)."""
     segments = _segments()
-    assert len(segments) >= 10 and max(s for s, _, _ in segments) / min(s for s, _, _ in segments) > 4
-    # df-weighted least squares of log variance on log case length: the slope is minus the exponent
-    x, y, df = (np.array(column, dtype=float) for column in zip(*segments, strict=True))
-    slope = float(np.polyfit(np.log(x), np.log(y), 1, w=np.sqrt(df))[0])
-    assert abs(-slope - NOISE_EXPONENT) < 0.1
-    # and far from noise that averages over a case (exponent 1), which the model once assumed
-    assert -slope < 0.5
-
-
-def _case_seconds(run: str) -> list[float]:
-    with gzip.open(RUNS / run / "events.jsonl.gz", "rt") as fh:
-        return [json.loads(line)["summary"]["duration_s"] for line in fh if '"load_case"' in line]
+    assert len(segments) >= 13 and max(s for _, s, _, _ in segments) / min(s for _, s, _, _ in segments) > 4
+    _, x, y, df = (np.array(column) for column in zip(*segments, strict=True))
+    x, y, df = x.astype(float), y.astype(float), df.astype(float)
+    pooled = -float(np.polyfit(np.log(x), np.log(y), 1, w=np.sqrt(df))[0])
+    runs = [r for r, *_ in segments]
+    dx, dy, w = [], [], []
+    for run in {r for r in runs if runs.count(r) > 1}:
+        at = [i for i, r in enumerate(runs) if r == run]
+        lx, ly, wt = np.log(x[at]), np.log(y[at]), df[at]
+        dx += list(lx - np.average(lx, weights=wt))
+        dy += list(ly - np.average(ly, weights=wt))
+        w += list(wt)
+    within = -float(np.sum(np.array(w) * np.array(dx) * np.array(dy)) / np.sum(np.array(w) * np.array(dx) ** 2))
+    assert len(w) >= 6  # three runs of two lengths
+    for exponent in (pooled, within):
+        assert abs(exponent - NOISE_EXPONENT) < 0.2 and exponent < 0.5, (pooled, within)
 
 
 def test_a_candidate_slowed_on_purpose_fails_even_in_a_budget_too_short_for_an_equal_one() -> None:
@@ -155,11 +163,11 @@ def test_the_default_budget_fails_the_slow_candidates_and_leaves_the_equal_ones_
         assert check["outcome"] == "inconclusive" and lo < 0.95 < hi
 
 
-def test_the_pinned_run_halves_the_block_spread_and_its_twin_passes_under_rules_5() -> None:
+def test_the_h100_run_spread_under_the_h200_runs_and_its_twin_passes_under_rules_5() -> None:
     """h100-pinned (ORIGIN.md): each server on 3 cores of its own, the robust design of rules/5 in a 480 s budget.
-    Its default-size blocks spread 0.040, under every unpinned H200 run of default-size cases (0.054-0.117; an H100
-    here, so the card differs too), and the A/A twin passes at the look at 12 blocks; fp8 (2.5% slower in the mean)
-    is left inconclusive at the budget, with the blocks that would settle it at power 0.8."""
+    Its default-size blocks spread 0.040, under every unpinned H200 run of default-size cases (0.054-0.117): the
+    card, not the pinning (test_pinning_did_not_quiet_the_h200), and the A/A twin passes at the look at 12 blocks;
+    fp8 (2.5% slower in the mean) is left inconclusive at the budget, with the blocks that would settle it."""
     verdict = json.loads((RUNS / "h100-pinned" / "verdict.json").read_text())
     assert verdict["rules"] == "kvprobe.rules/5"
     twin, fp8 = _endpoint("h100-pinned", "twin"), _endpoint("h100-pinned", "fp8")
@@ -173,3 +181,23 @@ def test_the_pinned_run_halves_the_block_spread_and_its_twin_passes_under_rules_
     assert max(spreads.values()) < min(unpinned) and max(spreads.values()) < 0.076 * 0.6
     sizing = _load("h100-pinned")["sizing"]
     assert sizing["pilot"]["blocks"] == 2 and sizing["p_pass_equal"] < 0.5  # said before the blocks
+
+
+def _case_seconds(run: str) -> float:
+    with gzip.open(RUNS / run / "events.jsonl.gz", "rt") as fh:
+        return statistics.fmean(json.loads(line)["summary"]["duration_s"] for line in fh if '"load_case"' in line)
+
+
+def test_pinning_did_not_quiet_the_h200() -> None:
+    """h200-placement-* (ORIGIN.md): one H200, one session, the same servers measured pinned (3 cores each, the
+    client on 3) and then with every process let onto all 16 cores. Pinned, the blocks spread more, not less
+    (0.056-0.074 against 0.046-0.050) and its cases ran a third longer: the lower spread of h100-pinned was the
+    card's. Pinned went first, so drift over the session is not ruled out; neither run is near a reversal of
+    that order."""
+    pinned = [statistics.stdev(_block_losses("h200-placement-pinned", c)) for c in ("twin", "fp8")]
+    unpinned = [statistics.stdev(_block_losses("h200-placement-unpinned", c)) for c in ("twin", "fp8")]
+    assert min(pinned) > max(unpinned)
+    assert _case_seconds("h200-placement-pinned") > 1.1 * _case_seconds("h200-placement-unpinned")
+    twin = _endpoint("h200-placement-unpinned", "twin")
+    assert twin["outcome"] == "pass"  # the A/A twin, unpinned, within its 300 s budget
+    assert _endpoint("h200-placement-pinned", "twin")["outcome"] == "inconclusive"
