@@ -391,9 +391,7 @@ def estimate(config: Config, probes: list[str], sizes: dict[str, Any], context: 
         "by_probe": {p: [round(fast[p]), round(slow[p])] for p in fast},
         "not_costed": [p for p in probes if p == "fill"],
         "assumed": {"prompt_tokens_per_s": [FAST[0], SLOW[0]], "s_per_decoded_token": [FAST[1], SLOW[1]],
-                    "load": {"prompt_tokens_per_s": [FAST_LOAD[0], SLOW_LOAD[0]],
-                             "s_per_decoded_token": [FAST_LOAD[1], SLOW_LOAD[1]],
-                             "pause_s": [FAST_LOAD[2], SLOW_LOAD[2]]},
+                    "load": {k: [f, s] for k, f, s in zip(LoadPace._fields, FAST_LOAD, SLOW_LOAD, strict=True)},
                     "max_model_len": None if context.tightest else ASSUMED_MAX_MODEL_LEN, "servers": servers},
     }
 

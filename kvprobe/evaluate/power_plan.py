@@ -482,11 +482,10 @@ def _more_blocks(config: Config, plan: PowerPlan, spread: float, servers: int, p
         return (f"; speed cannot reach it within {MOST_BLOCKS} blocks at a block spread of {spread:g}: lengthen the "
                 "cases or quiet the servers")
     p_need = speed_pass(load.model_copy(update={"max_blocks": need}), config.bars.throughput_drop_max, spread)
-    blocks = (f"its {need} blocks" if need == load.max_blocks else f"[load] max_blocks = {need}")
+    blocks = f"[load] max_blocks = {need}"
     if cut:
-        return (f"; speed would with {blocks} run whole (P {speed.p_pass:.3f} -> {p_need:.3f}), "
-                + _holding(config, need, servers, paces))
-    return (f"; speed would with [load] max_blocks = {need} (P {speed.p_pass:.3f} -> {p_need:.3f}), "
+        blocks = f"{f'its {need} blocks' if need == load.max_blocks else blocks} run whole"
+    return (f"; speed would with {blocks} (P {speed.p_pass:.3f} -> {p_need:.3f}), "
             + _holding(config, need, servers, paces))
 
 
@@ -496,10 +495,7 @@ def _holding(config: Config, blocks: int, servers: int, paces: Sequence[LoadPace
 
     if not paces:
         return "and a budget_s that holds them"
-    times = []
-    for pace in paces:
-        warmup, block = block_seconds(config, servers, pace)
-        times.append(warmup + blocks * block)
+    times = [warmup + blocks * block for warmup, block in (block_seconds(config, servers, p) for p in paces)]
     return f"and a budget_s that holds them ({_time(times)})"
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from recorded import RUNS
 
 from kvprobe.config import load_config
 from kvprobe.evaluate.plan import FAST_LOAD, SLOW, SLOW_LOAD
@@ -17,7 +18,6 @@ from kvprobe.probes.load import block_seconds
 from kvprobe.run.budget import LoadPace, load_pace
 
 ROOT = Path(__file__).parents[2]
-RUNS = ROOT / "tests" / "fixtures" / "runs"
 
 
 def _recorded_block_s(run: str) -> tuple[int, float]:
