@@ -197,11 +197,24 @@ def operating(plan: Design, sigma: float, margin: float, truth: float = 0.0, sim
     block losses spread `sigma` with one FAMILY member's shape, by seeded simulation: what a plan can
     promise before its blocks run (the robust statistic has no closed-form power). `stop`: the blocks a
     time budget holds, when fewer than the design's; its last look is `look(..., final=True)`'s."""
+    n_max = min(stop, plan.n_max) if stop is not None else plan.n_max
+    losses = truth + sigma * _family_noise(noise, np.random.default_rng(seed), (sims, n_max))
+    passed, failed, used = decide(losses, margin, plan, stop)
+    return float(passed.mean()), float(failed.mean()), float(used.mean())
+
+
+def decide(losses: np.ndarray, margin: float, plan: Design,
+           stop: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`look`'s decisions over many runs at once: each row of `losses` is one run's block losses (at least
+    the blocks of its last look), looked at at the planned looks, stopped at the first pass or fail.
+    (passed, failed, blocks used) per row; neither passed nor failed is inconclusive. `stop` as for
+    `operating`."""
     looks = plan.looks
     if stop is not None and stop < plan.n_max:
         looks = (*(n for n in plan.looks if n < stop), stop)
     n_max = looks[-1]
-    x = truth - margin + sigma * _family_noise(noise, np.random.default_rng(seed), (sims, n_max))
+    x = np.asarray(losses, dtype=float)[:, :n_max] - margin
+    sims = x.shape[0]
     done = np.zeros(sims, bool)
     passed, failed = np.zeros(sims, bool), np.zeros(sims, bool)
     used = np.full(sims, n_max, dtype=float)
@@ -225,7 +238,7 @@ def operating(plan: Design, sigma: float, margin: float, truth: float = 0.0, sim
         passed |= p
         failed |= f
         done |= p | f
-    return float(passed.mean()), float(failed.mean()), float(used.mean())
+    return passed, failed, used
 
 
 def design(max_blocks: int, look_every: int, first_look: int | None = None, alpha: float = ALPHA,

@@ -173,3 +173,23 @@ def test_a_stop_past_the_design_changes_nothing(robust: Design) -> None:
     whole = operating(robust, 0.03, MARGIN, 0.0, 2_000, "normal", 5)
     assert operating(robust, 0.03, MARGIN, 0.0, 2_000, "normal", 5, stop=robust.n_max) == whole
     assert operating(robust, 0.03, MARGIN, 0.0, 2_000, "normal", 5, stop=robust.n_max + 7) == whole
+
+
+@pytest.mark.parametrize("statistic", [ROBUST, T])
+def test_decide_makes_looks_decisions_on_any_block_losses(statistic: str) -> None:
+    """sequential.decide, the vectorised run the benchmarks replay bootstrapped blocks through: row by row the
+    decision `look` makes at the planned looks, on skewed draws near the bar (some pass, some fail, some not)."""
+    plan = design(20, 4, statistic=statistic)
+    rng = np.random.default_rng(3)
+    shift = rng.uniform(-0.03, 0.03, (200, 1))  # rows on either side of the bar
+    losses = MARGIN + shift + rng.choice([-0.06, -0.05, -0.02, 0.0, 0.01, 0.09], size=(200, plan.n_max)) * 0.6
+    passed, failed, used = sequential.decide(losses, MARGIN, plan)
+    for row, p, f, n_used in zip(losses, passed, failed, used, strict=True):
+        outcome, at_n = "inconclusive", plan.n_max
+        for n in plan.looks:
+            at = look(list(row[:n]), MARGIN, plan)
+            if at is not None and at.outcome in ("pass", "fail"):
+                outcome, at_n = at.outcome, n
+                break
+        assert (bool(p), bool(f), int(n_used)) == (outcome == "pass", outcome == "fail", at_n)
+    assert passed.any() and failed.any() and (~passed & ~failed).any()
