@@ -2,17 +2,21 @@
 
 A block is the reference and a candidate run back to back over the load sweep; its paired log loss is
 the mean over cases of log(ref tok/s / cand tok/s), larger is worse. The bar throughput_drop_max 0.05
-is the margin -ln(1 - 0.05) = 0.0513 on that scale. Each simulated run calls `sequential.look` at the
-planned looks and stops at the first pass or fail, else ends inconclusive at the budget.
+is the margin -ln(1 - 0.05) = 0.0513 on that scale. The design is the shipped one (servers.toml's [load]:
+its max_blocks and look_every, the robust statistic a design declared now uses); each simulated run goes
+through `sequential.decide`, which makes `look`'s decisions at the planned looks and stops at the first
+pass or fail, else ends inconclusive at the design's last block.
 
 1. Recorded per-run figures (tests/fixtures/runs/*/load.json, cross-checked against the `load_case`
    events of events.jsonl.gz): per candidate, the block losses of each repeat, sigma_D, and what the
-   decision would have been at their few blocks (final=True), under the default design and under a
+   decision would have been at their few blocks (final=True), under the shipped design and under a
    fixed design of that size.
 2. Simulated runs per truth (equal, 3% slower, 5% slower = on the bar, 10% slower), two noise models:
    normal with the demo's spread (sigma_D 0.0215 for the sweep mean, 0.048 for one case;
    statistics-audit.md section 4.1) and a bootstrap of each recorded run's centred block losses,
    shifted to the truth, plain and smoothed (jittered, so that the few recorded values do not tie).
+3. The whole sized procedure (kvprobe/load/sizing.py) at each platform's measured pilot figures, with the
+   shipped servers and budget_s: a two-block pilot, the plan from its variance, the planned blocks.
 
 Targets at the demo's spread (normal noise, sigma_D 0.0215): an equal candidate passes within the
 budget with P >= 0.95, a 10% slower one fails with P >= 0.95, one on the bar passes with P <= 0.025,
@@ -20,8 +24,8 @@ each judged with its 95% Monte Carlo (Wilson) interval: a target fails when the 
 Exit status 1 when one fails. The same three figures for the demo's own recorded blocks are printed
 as information: six blocks are too few to gate on. Seeded; prints figures, never asserts timing.
 
-    .venv/bin/python benchmarks/speed_decision.py                # ~10 s on one core
-    .venv/bin/python benchmarks/speed_decision.py --sims 300     # a quick look
+    .venv/bin/python benchmarks/speed_decision.py                # ~1 min on one core
+    .venv/bin/python benchmarks/speed_decision.py --sims 1000    # a quick look
 """
 
 from __future__ import annotations
@@ -30,11 +34,11 @@ import argparse
 import gzip
 import json
 import math
-import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -42,9 +46,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from kvprobe.stats import sequential  # noqa: E402 -- the script runs from anywhere: the repository goes on sys.path first
+from kvprobe.config import load_config  # noqa: E402 -- the script runs from anywhere: the repository goes on sys.path first
+from kvprobe.stats import sequential  # noqa: E402
 
 RUNS = ROOT / "tests" / "fixtures" / "runs"
+SERVERS_TOML = ROOT / "servers.toml"
 DEMO_RUN = "xeon-amx-demo"  # the run statistics-audit.md section 4.1 measured sigma_D on
 DEMO_SIGMA = 0.0215  # sweep mean of the per-case log ratio, per block (audit section 4.1)
 ONE_CASE_SIGMA = 0.048
@@ -165,25 +171,11 @@ class Cell:
     mean_blocks: float
 
 
-def replay(losses: np.ndarray, margin: float, plan: sequential.Design) -> tuple[str, int]:
-    """The decision over one stream of block losses: looks at the planned looks, stops at pass or fail."""
-    for n in plan.looks:
-        lk = sequential.look(losses[:n].tolist(), margin, plan)
-        if lk is not None and lk.outcome in ("pass", "fail"):
-            return lk.outcome, n
-    return "inconclusive", plan.n_max
-
-
 def simulate(truth: float, draw: Draw, margin: float, plan: sequential.Design, sims: int,
              rng: np.random.Generator) -> Cell:
-    noise = draw(rng, (sims, plan.n_max))
-    counts = {"pass": 0, "fail": 0, "inconclusive": 0}
-    blocks = 0
-    for row in truth + noise:
-        outcome, n = replay(row, margin, plan)
-        counts[outcome] += 1
-        blocks += n
-    return Cell(counts["pass"] / sims, counts["fail"] / sims, counts["inconclusive"] / sims, blocks / sims)
+    passed, failed, used = sequential.decide(truth + draw(rng, (sims, plan.n_max)), margin, plan)
+    p_pass, p_fail = float(passed.mean()), float(failed.mean())
+    return Cell(p_pass, p_fail, 1.0 - p_pass - p_fail, float(used.mean()))
 
 
 def normal(sigma: float) -> Draw:
@@ -252,17 +244,21 @@ def print_recorded(recs: list[Recorded], notes: list[str], margin: float, plan: 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sims", type=int, default=4000, help="simulated runs per cell (default 4000)")
-    ap.add_argument("--max-blocks", type=int, default=20)
-    ap.add_argument("--look-every", type=int, default=4)
+    ap.add_argument("--max-blocks", type=int, default=None, help="default: servers.toml's [load] max_blocks")
+    ap.add_argument("--look-every", type=int, default=None, help="default: servers.toml's [load] look_every")
     ap.add_argument("--bar", type=float, default=0.05, help="throughput_drop_max")
     ap.add_argument("--seed", type=int, default=SEED)
     ap.add_argument("--runs", type=Path, default=RUNS, help="directory of recorded runs")
     args = ap.parse_args()
 
-    plan = sequential.design(args.max_blocks, args.look_every)
+    config = load_config(SERVERS_TOML)
+    load = config.load
+    plan = sequential.design(args.max_blocks or load.max_blocks, args.look_every or load.look_every,
+                             statistic=sequential.STATISTIC)
     margin = -math.log(1 - args.bar)
-    print(f"design: looks {list(plan.looks)}, c = {plan.c}, boundaries "
-          f"{[round(plan.boundary(n), 2) for n in plan.looks]}; bar {args.bar} -> margin {margin:.4f}")
+    print(f"design ({sequential.STATISTIC} statistic; servers.toml's [load] unless overridden): looks "
+          f"{list(plan.looks)}, c = {plan.c}, boundaries {[round(plan.boundary(n), 2) for n in plan.looks]}; "
+          f"bar {args.bar} -> margin {margin:.4f}")
     print()
     recs, notes = recorded_runs(args.runs)
     print_recorded(recs, notes, margin, plan)
@@ -314,7 +310,7 @@ def main() -> None:
             print(f"{'target' if gate else 'info  '} {what:17} P {value:.3f} [{lo:.3f}, {hi:.3f}] {op} {target:5} "
                   f"(mean blocks {results[(label, truth)].mean_blocks:4.1f}) [{label}]: {verdict}")
     print()
-    ok &= print_sized(args.sims, args.seed, margin)
+    ok &= print_sized(args.sims, args.seed, margin, load, len(config.servers), len(load.agents))
     sys.exit(0 if ok else 1)
 
 
@@ -329,74 +325,116 @@ class Platform:
     case_sd: float  # one case's paired log-ratio spread at case_s
     overhead_s: float
     turn_s: float
-    budget_s: float  # [load] budget_s less the pilot
 
 
 # The H200: the pooled per-case spread of every recorded run segment (1.1-5.2 s cases, 0.14-0.22 each;
-# tests/load/test_h200_speed_runs.py), the pilots' case, overhead and turn times, the shipped budget less a
-# two-server pilot. The quiet hour of h200-long-cases (0.087 at 5 s cases) as information.
-GPU = Platform("gpu (H200, pooled runs)", 1.6, 0.17, 0.45, 0.40, 550.0)
-GPU_QUIET = Platform("gpu (H200, quiet as h200-long-cases)", 1.6, 0.087, 0.45, 0.40, 550.0)
-CPU = Platform("cpu (Xeon AMX demo pilot)", 2.02, 0.137, 0.50, 0.79, 540.0)
+# tests/load/test_h200_speed_runs.py), the pilots' case, overhead and turn times. The quiet hour of
+# h200-long-cases (0.087 at 5 s cases) as information. The CPU: the noisiest Xeon AMX demo pilot recorded.
+GPU = Platform("gpu (H200, pooled runs)", 1.6, 0.17, 0.45, 0.40)
+GPU_QUIET = Platform("gpu (H200, quiet as h200-long-cases)", 1.6, 0.087, 0.45, 0.40)
+CPU = Platform("cpu (Xeon AMX demo pilot)", 2.02, 0.137, 0.50, 0.79)
 
 
-def sized_run(truth: float, pf: Platform, servers: int, true_exponent: float, margin: float,
-              rng: np.random.Generator) -> tuple[str, int, float]:
-    """One eval's load probe: a two-block pilot at the default size, the plan from its own estimate (its
-    variance at the plan's upper confidence limit), then the planned blocks until a planned look decides. The
-    pilot's blocks count when the plan keeps their size, not when it lengthens the cases (kvprobe.load.sizing):
-    the level on the bar shows what that choice costs."""
+def _pilot(pf: Platform, var: float, cases: int) -> Any:
     from kvprobe.load.sizing import PILOT_BLOCKS, Pilot
+
+    return Pilot(PILOT_BLOCKS, pf.case_s, pf.overhead_s, pf.turn_s, var, cases * (PILOT_BLOCKS - 1))
+
+
+def sized_runs(truth: float, pf: Platform, load: Any, servers: int, cases: int, margin: float, sims: int,
+               rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """`sims` evals' load probes: a two-block pilot at the default size, the plan from its own variance (at
+    the plan's upper confidence limit), then the planned blocks until a planned look decides; the pilot's
+    blocks count when the plan keeps their size. The plan is a monotone function of the pilot's variance
+    (a larger one plans longer cases or more blocks), so where the plans at the pilots' smallest and largest
+    variance agree, every pilot between gets that plan: one design for all runs, decided by
+    `sequential.decide`. Otherwise each run is planned alone (the lengthening path: slow, and said so).
+    (passed, failed, seconds spent) per run, and notes."""
+    from kvprobe.load.sizing import PILOT_BLOCKS
     from kvprobe.load.sizing import plan as plan_cases
 
-    cases = 5
-    pilot_cases = truth + rng.normal(0.0, pf.case_sd, (PILOT_BLOCKS, cases))
-    var = float(np.sum((pilot_cases - pilot_cases.mean(axis=0)) ** 2) / (cases * (PILOT_BLOCKS - 1)))
-    pilot = Pilot(PILOT_BLOCKS, pf.case_s, pf.overhead_s, pf.turn_s, var, cases * (PILOT_BLOCKS - 1))
-    chosen = plan_cases(pilot, servers=servers, cases=cases, scope=cases, margin=margin, max_blocks=20,
-                        look_every=4, budget_s=pf.budget_s, resize=True)
-    design = sequential.Design(chosen.looks, chosen.c)
-    length = pf.case_s if chosen.duration_s is None else chosen.duration_s + pf.turn_s
-    case_sd = pf.case_sd * (pf.case_s / length) ** (true_exponent / 2)
-    fresh = truth + rng.normal(0.0, case_sd, (chosen.max_blocks, cases)).mean(axis=1)
-    losses = np.concatenate([pilot_cases.mean(axis=1), fresh])[:chosen.max_blocks] if chosen.counts_pilot else fresh
-    outcome, n = replay(losses, margin, design)
     pilot_s = PILOT_BLOCKS * servers * cases * (pf.case_s + pf.overhead_s)
-    spent = pilot_s + (max(0, n - PILOT_BLOCKS) if chosen.counts_pilot else n) * chosen.block_s
-    return outcome, n, spent
+    left = load.budget_s - pilot_s if load.budget_s else None
+    pilot_cases = truth + rng.normal(0.0, pf.case_sd, (sims, PILOT_BLOCKS, cases))
+    centred = pilot_cases - pilot_cases.mean(axis=1, keepdims=True)
+    var = (centred ** 2).sum(axis=(1, 2)) / (cases * (PILOT_BLOCKS - 1))
+
+    def chosen(v: float) -> Any:
+        return plan_cases(_pilot(pf, float(v), cases), servers=servers, cases=cases, scope=cases, margin=margin,
+                          max_blocks=load.max_blocks, look_every=load.look_every, budget_s=left, resize=True)
+
+    low, high = chosen(var.min()), chosen(var.max())
+    if (low.multiplier, low.max_blocks, low.looks) != (high.multiplier, high.max_blocks, high.looks):
+        raise SystemExit(f"{pf.name}: the plan differs across the pilots ({low.multiplier}x / {high.multiplier}x): "
+                         "this benchmark models one plan for all; plan each run alone to go on")
+    design = sequential.Design(low.looks, low.c, statistic=sequential.STATISTIC)
+    fresh = truth + rng.normal(0.0, pf.case_sd, (sims, low.max_blocks, cases)).mean(axis=2)
+    losses = np.concatenate([pilot_cases.mean(axis=2), fresh], axis=1) if low.counts_pilot else fresh
+    passed, failed, used = sequential.decide(losses, margin, design)
+    spent = pilot_s + (np.maximum(0, used - PILOT_BLOCKS) if low.counts_pilot else used) * low.block_s
+    notes = [f"{pf.name}: pilot {pilot_s:.0f} s, then {low.max_blocks} blocks of ~{low.block_s:.0f} s "
+             f"({'the default size, pilot counted' if low.duration_s is None else f'{low.duration_s} s cases'}) "
+             f"in the {left:.0f} s left; looks {list(low.looks)}; the P(pass | equal) eval prints, at the pilot's "
+             "noise (at its upper limit), for the pilots' 10th / 50th / 90th percentile variance: "
+             + " / ".join(f"{c.p_pass_equal_at_pilot:.2f} ({c.p_pass_equal:.2f})"
+                          for c in map(chosen, np.quantile(var, [0.1, 0.5, 0.9]))),
+             _cannot_settle(chosen, pf, cases, low.pilot.df)]
+    return passed, failed, spent, notes
 
 
-def print_sized(sims: int, seed: int, margin: float) -> bool:
-    """The targets for the whole sized procedure at each platform's measured pilot figures, one candidate
-    (two servers) within the shipped budget: equal passes >= 0.95, 10% slower fails >= 0.95, on the bar
-    passes <= 0.025. The noise falls with case length as the model says (NOISE_EXPONENT, fitted on the
-    H200) or, as information, as noise that averages (exponent 1). The level (on the bar) gates on every
-    platform; power gates where the targets are stated, the CPU demo, and is information on the H200,
-    whose measured noise no plan in this budget beats (the line says how far)."""
+def _cannot_settle(chosen: Callable[[float], Any], pf: Platform, cases: int, df: int) -> str:
+    """How often the plan's words say the budget cannot settle an equal candidate: its P(pass | equal) is
+    monotone in the pilot's variance, so the share is the chance (chi-square on the pilot's df) that the
+    variance lands past the one where the figure crosses a half; the words read the figure at the pilot's
+    own variance, and read it at the upper limit before 2026-12-06."""
+    from scipy.stats import chi2
+
+    from kvprobe.load.sizing import PLAN_UCL
+
+    true_var = pf.case_sd ** 2
+    lo, hi = true_var / 100, true_var * 100
+    if chosen(hi).p_pass_equal_at_pilot >= 0.5:
+        return f"{pf.name}: no pilot's figure falls under a half: 'cannot settle' is never said"
+    for _ in range(20):  # bisection in log space to under a percent of the variance
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if chosen(mid).p_pass_equal_at_pilot >= 0.5 else (lo, mid)
+    crossing = math.sqrt(lo * hi)
+    upper = df / float(chi2.ppf(1 - PLAN_UCL, df))  # the upper limit is the pilot's variance times this
+    now = float(chi2.sf(crossing / true_var * df, df))
+    before = float(chi2.sf(crossing / upper / true_var * df, df))
+    return (f"{pf.name}: 'speed cannot settle for an equal candidate' said after {now:.1%} of pilots "
+            f"({before:.1%} when it read the figure at the upper limit)")
+
+
+def print_sized(sims: int, seed: int, margin: float, load: Any, servers: int, cases: int) -> bool:
+    """The targets for the whole sized procedure at each platform's measured pilot figures, with the shipped
+    servers, cases and budget: equal passes >= 0.95, 10% slower fails >= 0.95, on the bar passes <= 0.025.
+    The noise does not fall with case length (NOISE_EXPONENT 0, fitted on the H200), so the plan keeps the
+    default size; the lengthening path is tested at a patched exponent (tests/load/test_sizing.py). The level
+    (on the bar) gates on every platform; power gates where the targets are stated, the CPU demo, and is
+    information on the H200."""
     from kvprobe.load.sizing import NOISE_EXPONENT
 
-    print(f"sized: the pilot, its plan and the planned blocks, {sims} runs per cell (one candidate, the shipped "
-          f"600 s budget less the pilot)")
+    print(f"sized: the pilot, its plan and the planned blocks, {sims} runs per cell ({servers} servers, {cases} "
+          f"cases, the shipped budget_s {load.budget_s:g} and max_blocks {load.max_blocks}; noise exponent "
+          f"{NOISE_EXPONENT:g})")
     ok = True
     truths = [("equal", 0.0, "pass", ">=", TARGET_PASS_EQUAL), ("10% slower", -math.log(0.90), "fail", ">=",
               TARGET_FAIL_SLOWER), ("on the bar", margin, "pass", "<=", TARGET_PASS_AT_BAR)]
     for k, pf in enumerate((GPU, GPU_QUIET, CPU)):
-        for exponent in (NOISE_EXPONENT, 1.0):
-            for j, (name, truth, want, op, target) in enumerate(truths):
-                gate = exponent == NOISE_EXPONENT and (pf is CPU or op == "<=")
-                rng = np.random.default_rng([seed, 100 + k, int(exponent * 100), j])
-                runs = [sized_run(truth, pf, 2, exponent, margin, rng) for _ in range(sims)]
-                p = sum(1 for o, _, _ in runs if o == want) / sims
-                lo, hi = wilson(p, sims)
-                holds = hi >= target if op == ">=" else lo <= target
-                ok &= holds or not gate
-                blocks = statistics.fmean(n for _, n, _ in runs)
-                minutes = statistics.fmean(t for _, _, t in runs) / 60
-                verdict = (("holds" if holds else "FAILS") if gate
-                           else ("as targeted" if holds else "misses (information)"))
-                print(f"{'target' if gate else 'info  '} {pf.name:30} exponent {exponent:g} {name:10} P({want}) "
-                      f"{p:.3f} [{lo:.3f}, {hi:.3f}] {op} {target}: {verdict}; {blocks:4.1f} blocks, "
-                      f"{minutes:4.1f} min to decide")
+        for j, (name, truth, want, op, target) in enumerate(truths):
+            gate = pf is CPU or op == "<="
+            passed, failed, spent, notes = sized_runs(truth, pf, load, servers, cases, margin, sims,
+                                                      np.random.default_rng([seed, 100 + k, j]))
+            if j == 0:
+                print("\n".join(f"  {note}" for note in notes))
+            p = float((passed if want == "pass" else failed).mean())
+            lo, hi = wilson(p, sims)
+            holds = hi >= target if op == ">=" else lo <= target
+            ok &= holds or not gate
+            verdict = ("holds" if holds else "FAILS") if gate else ("as targeted" if holds else "misses (information)")
+            print(f"{'target' if gate else 'info  '} {pf.name:36} {name:10} P({want}) {p:.3f} [{lo:.3f}, {hi:.3f}] "
+                  f"{op} {target}: {verdict}; {float(spent.mean()) / 60:4.1f} min to decide on average")
     return ok
 
 

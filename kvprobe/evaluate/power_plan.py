@@ -14,8 +14,9 @@ project's own rule at a stated spread, never a normal approximation of it:
   that repeats itself exactly (the CPU build does); the t interval's upper end within log(1 + bar) is a
   noncentral t event, and fewer than MIN_PASSAGES passages never pass;
 - speed: the declared sequential design (kvprobe.stats.sequential.of_settings) simulated by
-  `operating` at a block spread of BLOCK_SPREAD (the CPU demos'), seeded, over the whole design (a budget_s
-  may stop it sooner), with what it becomes at the H200 runs' GPU_SPREAD beside it.
+  `operating` at a block spread of BLOCK_SPREAD (the CPU demos'), seeded, over the whole design (or, where
+  budget_s holds fewer blocks, over the design the pilot fits to them), with what it becomes at the H200
+  runs' GPU_SPREAD beside it.
 
 P(adopt | equal) is the product of the gating checks' probabilities: it treats them as independent. The
 capacity gain is no sampled figure (a candidate frees memory or does not) and an agreement bar has no
@@ -97,19 +98,23 @@ def perplexity_fail(n: int, bar: float, rise: float, spread: float = PASSAGE_SPR
 
 
 @functools.lru_cache(maxsize=64)
-def _speed_pass(design: sequential.Design, spread: float, margin: float, stop: int | None) -> float:
-    return sequential.operating(design, spread, margin, 0.0, SPEED_SIMS, "normal", SPEED_SEED, stop)[0]
+def _speed_pass(design: sequential.Design, spread: float, margin: float) -> float:
+    return sequential.operating(design, spread, margin, 0.0, SPEED_SIMS, "normal", SPEED_SEED)[0]
 
 
 def speed_pass(load: Any, bar: float, spread: float = BLOCK_SPREAD, *, drop: bool = True,
                stop: int | None = None) -> float:
     """P(pass | equal) of one speed endpoint under the declared design, simulated (seeded); `stop`: the
-    blocks a budget holds, when it stops the design sooner."""
+    blocks a budget holds, when fewer than the design's. The pilot then fits the design to them
+    (kvprobe.load.sizing.plan sets max_blocks), so it is that design, its looks and its boundary, that
+    runs: a look the budget cuts short never decides (sequential.settle)."""
     if bar <= 0:
         return 0.0
     margin = -math.log1p(-bar) if drop else math.log1p(bar)
     design = sequential.of_settings(load)
-    return _speed_pass(design, spread, margin, stop if stop is not None and stop < design.n_max else None)
+    if stop is not None and stop < design.n_max:
+        design = sequential.of_settings(load.model_copy(update={"max_blocks": max(2, stop)}))
+    return _speed_pass(design, spread, margin)
 
 
 def budget_stops(config: Config, servers: int, paces: Sequence[LoadPace]) -> list[int | None]:
@@ -441,7 +446,8 @@ def budget_said(config: Config, servers: int, paces: Sequence[LoadPace], stops: 
             + (f" (speed P(pass | equal) {speed_pass(load, bar, stop=n):.3f})" if len(paces) > 1 else "")
             for s, n in zip(paces, stops, strict=True)]
     stop = _most(stops)
-    planned = f"over {stop}, with a last look at the budget" if stop is not None else "over the whole design"
+    planned = (f"as a design of {stop} blocks, the one the pilot fits to what the budget holds" if stop is not None
+               else "over the whole design")
     return (f"[load] budget_s {load.budget_s:g} s holds {'; '.join(held)}: speed is planned {planned}; the "
             "pilot re-plans at the blocks' measured time")
 

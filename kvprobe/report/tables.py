@@ -335,10 +335,15 @@ def _sizing_note(probe: dict[str, Any]) -> str | None:
         pilot = sizing.get("pilot") or {}
         length = ("the default size" if sizing.get("duration_s") is None
                   else f"{sizing['duration_s']:.1f} s ({sizing.get('multiplier', 0):g}x the pilot's)")
-        power = sizing.get("p_pass_equal")
+        power, likely = sizing.get("p_pass_equal"), sizing.get("p_pass_equal_at_pilot")
+        said = ""
+        if isinstance(likely, int | float) and isinstance(power, int | float):
+            said = (f", P(an equal candidate passes) ~ {likely:.2f} at the pilot's noise ({power:.2f} at its upper "
+                    "limit)")
+        elif isinstance(power, int | float):
+            said = f", P(an equal candidate passes) ~ {power:.2f}"
         parts.append(f"Cases of {length}, planned from a {pilot.get('blocks', '?')}-block pilot "
-                     f"({pilot.get('case_s', 0):.1f} s a case); {sizing.get('max_blocks')} blocks planned"
-                     + (f", P(an equal candidate passes) ~ {power:.2f}." if isinstance(power, int | float) else "."))
+                     f"({pilot.get('case_s', 0):.1f} s a case); {sizing.get('max_blocks')} blocks planned{said}.")
     duty = probe.get("duty_cycle")
     if isinstance(duty, int | float):
         parts.append(f"Duty cycle {duty:.0%}: measured case time over the load probe's wall time.")

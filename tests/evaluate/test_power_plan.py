@@ -14,7 +14,7 @@ from kvprobe.config import Bars, load_config
 from kvprobe.evaluate import power_plan as pp
 from kvprobe.evaluate.plan import FAST_LOAD, SLOW_LOAD
 from kvprobe.run.budget import Speed, load_pace
-from kvprobe.stats import paired_exact
+from kvprobe.stats import paired_exact, sequential
 from kvprobe.verdict.checks.quality import perplexity_check
 
 SHIPPED = Path(__file__).parents[2] / "servers.toml"
@@ -199,9 +199,28 @@ def _budgeted(budget_s: float, max_blocks: int = 64):
                                                                             "max_blocks": max_blocks})})
 
 
+def test_the_blocks_a_budget_holds_are_forecast_as_the_design_the_pilot_fits_to_them() -> None:
+    """check's figure and eval's plan agree: where budget_s holds n of the declared blocks, the pilot plans a
+    design of n blocks (kvprobe.load.sizing.plan), whose looks and boundary are the ones speed_pass simulates; a
+    design of 64 cut at n would have a last look no run makes (sequential.settle never decides off a look)."""
+    from kvprobe.load.sizing import BUDGET_SLACK, PILOT_BLOCKS, Pilot
+    from kvprobe.load.sizing import plan as plan_cases
+
+    load = load_config(SHIPPED).load
+    for held in (12, 19, 30):
+        budget = (held - PILOT_BLOCKS) * 15 / BUDGET_SLACK + 1  # 3 servers x 5 cases x 1 s a case: 15 s a block
+        fitted = plan_cases(Pilot(PILOT_BLOCKS, 1.0, 0.0, 0.5, 0.01, 5), servers=3, cases=5, scope=5,
+                            margin=-math.log1p(-0.05), max_blocks=load.max_blocks, look_every=load.look_every,
+                            budget_s=budget, resize=False)
+        forecast = sequential.of_settings(load.model_copy(update={"max_blocks": held}))
+        assert fitted.max_blocks == held and (fitted.looks, fitted.c) == (forecast.looks, forecast.c)
+        assert pp.speed_pass(load, 0.05, 0.05, stop=held) == sequential.operating(
+            forecast, 0.05, -math.log1p(-0.05), 0.0, pp.SPEED_SIMS, "normal", pp.SPEED_SEED)[0]
+
+
 def test_the_speed_figure_is_over_the_blocks_the_budget_holds() -> None:
-    """A budget that stops the design early gets the power of the blocks it holds, with the budget's last look,
-    not the whole design's (a 480 s GPU run was promised P 1.000 where its pilot found 0.20)."""
+    """A budget that stops the design early gets the power of the blocks it holds, as the design the pilot fits
+    to them, not the whole design's (a 480 s GPU run was promised P 1.000 where its pilot found 0.20)."""
     from kvprobe.probes.load import block_seconds, budget_blocks
 
     config = _budgeted(900)
@@ -216,7 +235,7 @@ def test_the_speed_figure_is_over_the_blocks_the_budget_holds() -> None:
     assert note.startswith(f"[load] budget_s 900 s holds about {held[0]} of the design's 64 blocks at {fast:.0f} s a "
                            "block (speed P(pass | equal) ")
     assert f"about {held[1]} of the design's 64 blocks at {slow:.0f} s a block" in note
-    assert f"speed is planned over {held[0]}, with a last look at the budget" in note
+    assert f"speed is planned as a design of {held[0]} blocks, the one the pilot fits to what the budget holds" in note
     assert f"power: caveat: {note}" in pp.lines(plan.as_dict())
     assert plan.as_dict()["assumed"]["load_paces"][1] == PACES[1]._asdict()
     # one measured speed (a --budget's smoke): its own stop; none costed (eval's load_paces=()): the whole

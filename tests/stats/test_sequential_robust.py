@@ -147,34 +147,6 @@ def test_a_fixed_design_of_two_blocks_is_uncalibratable_under_the_robust_statist
     assert far is not None and far.outcome == "inconclusive" and far.more_blocks is None
 
 
-@pytest.mark.parametrize("stop", [5, 10, 13, 16])
-def test_a_budgets_stop_is_simulated_as_the_runs_last_look(robust: Design, stop: int) -> None:
-    """operating(..., stop=k): the planned looks before k, then `look(..., final=True)` at k (a boundary never
-    under the fixed-sample t when k is no planned look): path by path the same decisions as the run makes."""
-    sims, spread, truth = 300, 0.03, 0.0
-    p_pass, p_fail, used = operating(robust, spread, MARGIN, truth, sims, "normal", 11, stop=stop)
-    x = truth + spread * sequential._family_noise("normal", np.random.default_rng(11), (sims, stop))
-    outcomes = []
-    for path in x:
-        for n in range(2, stop + 1):
-            at = look(list(path[:n]), MARGIN, robust, final=n == stop)
-            if at is not None and at.outcome in ("pass", "fail"):
-                outcomes.append((at.outcome, n))
-                break
-        else:
-            outcomes.append(("inconclusive", stop))
-    assert p_pass == sum(o == "pass" for o, _ in outcomes) / sims
-    assert p_fail == sum(o == "fail" for o, _ in outcomes) / sims
-    assert used == pytest.approx(sum(n for _, n in outcomes) / sims)
-    assert p_pass <= operating(robust, spread, MARGIN, truth, sims, "normal", 11)[0]  # the later looks are lost
-
-
-def test_a_stop_past_the_design_changes_nothing(robust: Design) -> None:
-    whole = operating(robust, 0.03, MARGIN, 0.0, 2_000, "normal", 5)
-    assert operating(robust, 0.03, MARGIN, 0.0, 2_000, "normal", 5, stop=robust.n_max) == whole
-    assert operating(robust, 0.03, MARGIN, 0.0, 2_000, "normal", 5, stop=robust.n_max + 7) == whole
-
-
 @pytest.mark.parametrize("statistic", [ROBUST, T])
 def test_decide_makes_looks_decisions_on_any_block_losses(statistic: str) -> None:
     """sequential.decide, the vectorised run the benchmarks replay bootstrapped blocks through: row by row the
