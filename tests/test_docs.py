@@ -79,8 +79,7 @@ def test_the_verdict_example_is_a_current_rules_run_as_kvprobe_show_prints_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """README section 5's example is the summary `kvprobe show` prints for the recorded run it names, at the width
     it names: a change to the summary, the run or the rules shows up here. The run is rules/4 or later (its
-    single speed endpoint): rules/5 changed no figure a summary of that run shows, and no GPU run is
-    recorded under rules/5 yet."""
+    single speed endpoint): rules/5 and /6 changed no figure a summary of that run shows."""
     import orjson
     from click.testing import CliRunner
 

@@ -11,6 +11,9 @@ records (client_limited) and the verdict's speed checks apply, both from the rec
   late, which the server sees as a lighter load: limited when the mean loop lag is over a tenth of
   the throughput bar of a request's median span.
 - At any stamps, a client using 90% of a core or more is limited: its throughput is its own.
+
+`paired_lateness`: for a block's paired throughput ratio, the two sides' mean loop lag compared over one
+shared span (the verdict's speed checks drop a block where the difference is over a quarter of the bar).
 """
 
 from __future__ import annotations
@@ -52,17 +55,26 @@ def limited(client: dict[str, Any], case: dict[str, Any], latency_bar: float,
     return None
 
 
-def throughput_effect(run: dict[str, Any]) -> float | None:
-    """How much lighter the client made a closed-loop run's offered load: its mean loop lag as a share of a
-    request's median span (each turn goes out about that late); infinite when the client used a whole
-    core; None when the run carries no client figures."""
-    cpu = run.get("client_cpu_share")
-    if isinstance(cpu, int | float) and cpu >= CPU_LIMIT:
-        return math.inf
-    mean, e2e = run.get("client_loop_lag_mean_s"), _p50(run, "e2e")
-    if isinstance(mean, int | float) and isinstance(e2e, int | float) and e2e > 0:
-        return mean / e2e
-    return 0.0 if isinstance(cpu, int | float) else None
+def paired_lateness(ref: dict[str, Any], cand: dict[str, Any]) -> tuple[float, float, float] | None:
+    """How far the client could have moved one block's paired throughput ratio, from the client's own figures:
+    (the candidate's mean loop lag less the reference's, over one span both share; the two lags in seconds).
+    A closed-loop turn sent a lag late lightens that server's load by about lag / span; over a shared span
+    (the geometric mean of the two servers' median request spans) the same lag on both sides moves nothing
+    whichever server is faster, so whether a block is dropped does not depend on the block's own ratio
+    (benchmarks/client_limited_selection.py). Infinite, signed towards the side (the reference's first), when a
+    client used a whole core; None when either side lacks the figures."""
+    cores = [run.get("client_cpu_share") for run in (ref, cand)]
+    full = [isinstance(c, int | float) and c >= CPU_LIMIT for c in cores]
+    lags = [run.get("client_loop_lag_mean_s") for run in (ref, cand)]
+    spans = [_p50(run, "e2e") for run in (ref, cand)]
+    if any(full):
+        return (-math.inf if full[0] else math.inf), *(float(x) if isinstance(x, int | float) else math.nan
+                                                         for x in lags)
+    if not all(isinstance(x, int | float) for x in lags) or not all(isinstance(x, int | float) and x > 0
+                                                                     for x in spans):
+        return None
+    span = math.sqrt(spans[0] * spans[1])
+    return (lags[1] - lags[0]) / span, float(lags[0]), float(lags[1])
 
 
 def _p50(case: dict[str, Any], name: str) -> float | None:

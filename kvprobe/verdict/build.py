@@ -35,6 +35,7 @@ from kvprobe.verdict import sealed
 from kvprobe.verdict.checks import METHOD, capacity_of, gating, judge, pct
 from kvprobe.verdict.evidence import gather
 from kvprobe.verdict.schema import check_written
+from kvprobe.verdict.sealed import rules5
 
 SCHEMA = "kvprobe.verdict/3"
 # Schema 3: beside the words that say the same, a check's case as typed fields (case_fields), the cases a speed
@@ -59,9 +60,13 @@ SCHEMA_2 = "kvprobe.verdict/2"
 #    robust statistic (kvprobe.stats.sequential: AR(1)-inflated se, c the worst over a family of skewed and
 #    correlated block noise, no look before 8 blocks; recorded as the plan's `statistic`), and a look the
 #    design did not plan quotes no boundary.
-RULES = "kvprobe.rules/5"
+# 6: a block's paired throughput is the client's (dropped) where the two sides' mean loop lag differs by over a
+#    quarter of the bar of one span both share, not of each server's own span: the same lag reads larger on the
+#    faster server, so rules/5 chose the blocks it dropped by their own ratio.
+RULES = "kvprobe.rules/6"
 # Verdicts written under earlier rules are re-derived under their own, sealed (kvprobe.verdict.sealed).
-RULES_4, RULES_3 = sealed.RULES_4, sealed.RULES_3
+RULES_5, RULES_4, RULES_3 = rules5.RULES_5, sealed.RULES_4, sealed.RULES_3
+SEALED = sealed.DECIDERS | rules5.DECIDERS
 DECISIONS = ("invalid", "broken", "reject", "no_gain", "inconclusive", "adopt")
 INPUT_KEYS = ("reference", "order", "bars", "servers", "pin", "broken", "probes", "probes_status")
 DERIVED_KEYS = ("decisions", "recommendation", "exit_code")
@@ -252,7 +257,7 @@ def decider(rules: Any, schema: Any) -> Callable[[dict[str, Any]], dict[str, Any
     (kvprobe.verdict.sealed); None for rules this kvprobe does not know."""
     if (rules, schema) == (RULES, SCHEMA):
         return decide
-    return sealed.DECIDERS.get((rules, schema))
+    return SEALED.get((rules, schema))
 
 
 def rederive(verdict: dict[str, Any]) -> list[str]:
@@ -261,7 +266,7 @@ def rederive(verdict: dict[str, Any]) -> list[str]:
     rules, schema = verdict.get("rules"), verdict.get("schema")
     decide_under = decider(rules, schema)
     if decide_under is None:
-        known = ", ".join(sorted(f"{s} / {r}" for r, s in [(RULES, SCHEMA), *sealed.DECIDERS]))
+        known = ", ".join(sorted(f"{s} / {r}" for r, s in [(RULES, SCHEMA), *SEALED]))
         return [f"verdict schema {schema!r} / rules {rules!r}: this kvprobe re-derives {known} only"]
     missing = [k for k in (*INPUT_KEYS, *DERIVED_KEYS) if k not in verdict]
     if missing:

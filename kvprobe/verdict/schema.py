@@ -26,7 +26,8 @@ from kvprobe.probes import ORDER
 SCHEMA_FILE = Path(__file__).resolve().parents[2] / "schemas" / "verdict.schema.json"
 REGENERATE = ".venv/bin/python -m kvprobe.verdict.schema"
 SchemaVersion = Literal["kvprobe.verdict/1", "kvprobe.verdict/2", "kvprobe.verdict/3"]
-RulesVersion = Literal["kvprobe.rules/2", "kvprobe.rules/3", "kvprobe.rules/4", "kvprobe.rules/5"]
+RulesVersion = Literal["kvprobe.rules/2", "kvprobe.rules/3", "kvprobe.rules/4", "kvprobe.rules/5",
+                       "kvprobe.rules/6"]
 SCHEMA_VERSIONS: tuple[str, ...] = get_args(SchemaVersion)
 
 # The grammar of a check id, `<probe>.<what>` or `<probe>.<case>.<what>`, where a case is a task's name

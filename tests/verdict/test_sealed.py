@@ -14,6 +14,7 @@ from recorded import RUNS
 
 from kvprobe.verdict import sealed
 from kvprobe.verdict.build import INPUT_KEYS, RULES, SCHEMA, decider, rederive, verdict_bytes
+from kvprobe.verdict.build import SEALED as SEALED_RULES
 
 SEALED = Path(sealed.__file__).parent
 ALLOWED_ROOTS = {"numpy", "scipy"}  # besides the standard library and kvprobe.verdict.sealed itself
@@ -37,6 +38,18 @@ TEXT = {
     "speed.py": "18161da8a31815a4",
     "speed_rules3.py": "3529425be4682dd8",
     "stats.py": "7e478a8296da56ad",
+    "rules5/__init__.py": "4947f8c987ffdf75",
+    "rules5/answers.py": "541848103f4c9feb",
+    "rules5/checks.py": "144e50ba152a84e5",
+    "rules5/client_limit.py": "cb98762ded4af2eb",
+    "rules5/common.py": "ee97fc769f5f34c1",
+    "rules5/decide.py": "a48e85518e711ca6",
+    "rules5/paired_exact.py": "1089ee34cbde1492",
+    "rules5/power.py": "1fc98f2efe787400",
+    "rules5/quality.py": "f22487960d16a573",
+    "rules5/sequential.py": "9eaf8196fc682e92",
+    "rules5/speed.py": "77956ddf172554b1",
+    "rules5/stats.py": "c71f3571d21ff0d0",
 }
 RECORDED = sorted(p.name for p in RUNS.iterdir() if (p / "verdict.json").is_file())
 
@@ -53,7 +66,10 @@ def _imports(path: Path) -> set[str]:
     return out
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in SEALED.glob("*.py")))
+MODULES = sorted(str(p.relative_to(SEALED)) for p in SEALED.rglob("*.py"))
+
+
+@pytest.mark.parametrize("name", MODULES)
 def test_a_sealed_module_imports_only_what_cannot_change(name: str) -> None:
     for module in _imports(SEALED / name):
         root = module.split(".")[0]
@@ -62,7 +78,7 @@ def test_a_sealed_module_imports_only_what_cannot_change(name: str) -> None:
 
 
 def test_every_sealed_module_is_as_it_was_sealed() -> None:
-    found = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()[:16] for p in SEALED.glob("*.py")}
+    found = {name: hashlib.sha256((SEALED / name).read_bytes()).hexdigest()[:16] for name in MODULES}
     changed = sorted(n for n in found.keys() & TEXT.keys() if found[n] != TEXT[n])
     assert not changed, (f"sealed modules edited: {', '.join(changed)}. Verdicts were signed under these rules: "
                          "leave them as they are and change the live code (kvprobe.stats, kvprobe.verdict.checks)")
@@ -93,5 +109,5 @@ def test_the_recorded_runs_cover_every_sealed_rule_set_but_rules4_in_schema_2() 
     schema test re-derives one made from the Xeon's evidence)."""
     seen = {tuple(orjson.loads((RUNS / n / "verdict.json").read_bytes())[k] for k in ("rules", "schema"))
             for n in RECORDED}
-    assert set(sealed.DECIDERS) - seen == {(sealed.RULES_4, sealed.SCHEMA_2)}
+    assert set(SEALED_RULES) - seen == {(sealed.RULES_4, sealed.SCHEMA_2)}
     assert (RULES, SCHEMA) not in seen or decider(RULES, SCHEMA) is not None

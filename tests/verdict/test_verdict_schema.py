@@ -24,6 +24,7 @@ from kvprobe.verdict.build import (
     RULES,
     RULES_4,
     SCHEMA,
+    SEALED,
     build_verdict,
     decider,
     rederive,
@@ -33,7 +34,7 @@ from kvprobe.verdict.build import (
 from kvprobe.verdict.checks import STRUCTURED_KEYS
 from kvprobe.verdict.evidence import PROBES
 from kvprobe.verdict.schema import CHECK_ID, REGENERATE, SCHEMA_FILE, VerdictModelError, problems, schema_text
-from kvprobe.verdict.sealed import DECIDERS, rules_v2
+from kvprobe.verdict.sealed import rules_v2
 from kvprobe.verdict.sign import allowed_signers_line, load_signing_key, sign_file
 from kvprobe.verdict.verify import verify_verdict
 
@@ -67,8 +68,8 @@ def test_the_checked_in_schema_is_the_models() -> None:
 
 
 def test_the_model_names_every_version_rule_set_decision_and_probe_kvprobe_has() -> None:
-    assert {SCHEMA, *(s for _, s in DECIDERS)} == set(verdict_schema.SCHEMA_VERSIONS)
-    assert {RULES, *(r for r, _ in DECIDERS)} == set(get_args(verdict_schema.RulesVersion))
+    assert {SCHEMA, *(s for _, s in SEALED)} == set(verdict_schema.SCHEMA_VERSIONS)
+    assert {RULES, *(r for r, _ in SEALED)} == set(get_args(verdict_schema.RulesVersion))
     assert get_args(verdict_schema.DecisionKind) == DECISIONS
     assert set(get_args(verdict_schema.Probe)) == set(PROBES)
     assert rules_v2.SCHEMA not in verdict_schema.CHECK_REQUIRES  # rules/2 checks had no ids

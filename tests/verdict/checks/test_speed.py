@@ -151,7 +151,23 @@ def test_client_limited_blocks_are_dropped_and_counted() -> None:
     ep = _checks([ref], [cand])[ENDPOINT]
     assert ep["client_limited_reason"] == (
         "ref block 3 at shape=default agents=4: the client sent its turns 1.9% of a request's median span later than "
-        "the other's (ref 2.0%, cand 0.1%), over a quarter of the 5% throughput bar")
+        "the other's (ref 20.00 ms, cand 1.00 ms late on average, over the span both share), over a quarter of the 5% "
+        "throughput bar")
+
+
+def test_the_same_lateness_on_a_faster_server_drops_nothing() -> None:
+    """rules/6 reads both sides' loop lag over the span they share: a client 30 ms late on both sides, with the
+    candidate's requests half as long, moves nothing. rules/5 read each lag over its own server's span (3% and
+    6%), dropped the block, and so chose blocks by their own ratio (benchmarks/client_limited_selection.py)."""
+    from kvprobe.verdict.sealed.rules5 import speed as rules5
+
+    busy = {"client_stamps": "kernel", "client_cpu_share": 0.5, "client_loop_lag_mean_s": 0.03}
+    ref = _case([100 * math.exp(x) for x in _noise(8, 0.01)], [1.0] * 8, **busy, e2e_p50_s=1.0)
+    cand = _case([200 * math.exp(x) for x in _noise(8, 0.01, 1)], [1.0] * 8, **busy, e2e_p50_s=0.5)
+    ep = _checks([ref], [cand])[ENDPOINT]
+    assert ep["sequential"]["dropped_client_limited"] == 0 and ep["sequential"]["blocks"] == 8
+    old = rules5.Blocks(rules5.runs_by_case([ref]), rules5.runs_by_case([cand]), BARS, ("ref", "cand"))
+    assert len(old.limited_throughput) == 8  # every block, under rules/5
 
 
 def test_guardrails_never_hold_adopt_back_but_a_failed_one_rejects() -> None:
