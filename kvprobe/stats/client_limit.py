@@ -13,7 +13,8 @@ records (client_limited) and the verdict's speed checks apply, both from the rec
 - At any stamps, a client using 90% of a core or more is limited: its throughput is its own.
 
 `paired_lateness`: for a block's paired throughput ratio, the two sides' mean loop lag compared over one
-shared span (the verdict's speed checks drop a block where the difference is over a quarter of the bar).
+shared span (the verdict's speed checks drop a block where the difference is over a quarter of the bar);
+`lateness_move`: what the lateness that remains can have moved the ratio, which the checks take out.
 """
 
 from __future__ import annotations
@@ -75,6 +76,25 @@ def paired_lateness(ref: dict[str, Any], cand: dict[str, Any]) -> tuple[float, f
         return None
     span = math.sqrt(spans[0] * spans[1])
     return (lags[1] - lags[0]) / span, float(lags[0]), float(lags[1])
+
+
+def lateness_move(ref: dict[str, Any], cand: dict[str, Any]) -> float:
+    """The most the client's lateness can have moved one case's paired log throughput ratio log(ref / cand):
+    log((1 + e_cand) / (1 + e_ref)), e = a side's mean loop lag over its own median request span. A turn sent
+    that late stretches each conversation's cycle by that share, so a server the agents do not saturate serves
+    that much less; one at capacity loses less, so the move is at most this. The same lag on both sides reads
+    larger on the faster server: left in, it pulls every ratio toward 1, a slower candidate toward a pass (a
+    client 2.4% late lets skewed blocks on the bar pass 3.1% against the design's 2.5%;
+    benchmarks/client_limited_selection.py). 0 where either side lacks the figures, or a client used a whole
+    core (that block is dropped)."""
+    effects = []
+    for run in (ref, cand):
+        cpu, lag, span = run.get("client_cpu_share"), run.get("client_loop_lag_mean_s"), _p50(run, "e2e")
+        if (isinstance(cpu, int | float) and cpu >= CPU_LIMIT) or not isinstance(lag, int | float) \
+                or not isinstance(span, int | float) or span <= 0:
+            return 0.0
+        effects.append(lag / span)
+    return math.log1p(effects[1]) - math.log1p(effects[0])
 
 
 def _p50(case: dict[str, Any], name: str) -> float | None:

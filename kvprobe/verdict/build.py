@@ -62,7 +62,8 @@ SCHEMA_2 = "kvprobe.verdict/2"
 #    design did not plan quotes no boundary.
 # 6: a block's paired throughput is the client's (dropped) where the two sides' mean loop lag differs by over a
 #    quarter of the bar of one span both share, not of each server's own span: the same lag reads larger on the
-#    faster server, so rules/5 chose the blocks it dropped by their own ratio.
+#    faster server, so rules/5 chose the blocks it dropped by their own ratio; what the lateness can have moved
+#    each kept case's throughput ratio (log((1 + e_cand) / (1 + e_ref)), e = lag / own span) is taken out.
 RULES = "kvprobe.rules/6"
 # Verdicts written under earlier rules are re-derived under their own, sealed (kvprobe.verdict.sealed).
 RULES_5, RULES_4, RULES_3 = rules5.RULES_5, sealed.RULES_4, sealed.RULES_3

@@ -6,7 +6,9 @@ index pairs them. The primary endpoint is output tokens/s, as the mean over the 
 per-case log ratio (or one declared case), optionally beside a latency percentile at the same scope.
 A block in which the client could have moved the compared numbers (client_limited: for throughput, the
 two sides' mean loop lag differing by over a quarter of the bar of the request span they share; for a
-latency, either side's lateness) is dropped and counted; the probe runs another in its place.
+latency, either side's lateness) is dropped and counted; the probe runs another in its place. What lateness
+remains is taken out of each throughput ratio (kvprobe.stats.client_limit.lateness_move): the same lag on
+both sides reads larger on the faster server and would pull every ratio toward 1.
 
 Guardrails: every case x (throughput, TTFT/ITL/E2E p99), a paired t over the blocks with Holm's
 step-down across the candidate's guardrails. They fail only past twice the bar, so a single
@@ -21,13 +23,14 @@ from collections.abc import Iterable
 from typing import Any
 
 from kvprobe.stats import sequential, t_quantile
-from kvprobe.stats.client_limit import P99_KEYS, limited, paired_lateness
+from kvprobe.stats.client_limit import P99_KEYS, lateness_move, limited, paired_lateness
 from kvprobe.verdict.checks._common import make_check, not_measured, pct
 
 GUARD_FACTOR = 2.0  # a guardrail fails only past this multiple of its bar
 # An undecided endpoint whose advice would need more than this multiple of the design's blocks is told that
 # the design cannot settle it: a count like "+24,273 blocks" (a recorded H200 run) is no advice.
 UNSETTLED_FACTOR = 10
+LATENESS_SAID = 0.001  # a mean lateness correction of a tenth of a percent or more is said in the words
 THROUGHPUT = "output_tokens_per_s"
 LATENCY_ENDPOINTS = {"itl_p99": ("itl_p99_s", "ITL p99"), "tpot_p99": ("tpot_p99_s", "TPOT p99"),
                      "ttft_p90": ("ttft_p90_s", "TTFT p90"), "e2e_p90": ("e2e_p90_s", "E2E p90"),
@@ -155,9 +158,22 @@ class Blocks:
                        for r, c in pairs):
                 continue
             logs = [math.log(r / c) if drop else math.log(c / r) for r, c in pairs]
+            if key == THROUGHPUT and drop:  # what the client's lateness can have moved, taken out (rules/6)
+                logs = [x - self.move(k, b) for x, k in zip(logs, scope, strict=True)]
             out.append(math.fsum(logs) / len(logs))
             used.append(b)
         return out, used, dropped
+
+    def move(self, case: tuple[str, ...], block: int) -> float:
+        """What the client's lateness can have moved this case's paired log throughput ratio in this block."""
+        return lateness_move(self.ref[(case, block)], self.cand[(case, block)])
+
+    def correction(self, scope: list[tuple[str, ...]]) -> float | None:
+        """The mean lateness correction over the blocks `losses` uses for throughput (None: none used)."""
+        _, used, _ = self.losses(scope, THROUGHPUT, drop=True)
+        if not used:
+            return None
+        return math.fsum(self.move(k, b) for b in used for k in scope) / (len(used) * len(scope))
 
     def dropped_reason(self, scope: list[tuple[str, ...]], key: str) -> str | None:
         """Why the first block `losses` dropped was the client's, or None when none was."""
@@ -362,11 +378,18 @@ def _load_checks(inputs: dict[str, Any], cand: str, bars: Any) -> list[dict[str,
         scope, scope_text = scoped
         scope_cases = [fields[k] for k in scope]
         losses, _, dropped = blocks.losses(scope, THROUGHPUT, drop=True)
-        out.append(endpoint_check("load.endpoint.throughput_drop", "throughput_drop_max",
+        endpoint = endpoint_check("load.endpoint.throughput_drop", "throughput_drop_max",
                                   f"throughput drop, {scope_text}",
                                   losses, dropped, scope_text, bars.throughput_drop_max, plan, drop=True, stop=stop)
-                   | {"scope_cases": scope_cases, "dropped_client_limited": dropped,
-                      "client_limited_reason": blocks.dropped_reason(scope, THROUGHPUT)})
+        correction = blocks.correction(scope)
+        if correction is not None:
+            endpoint["sequential"]["lateness_correction"] = round(correction, 6)
+            if abs(correction) >= LATENESS_SAID:
+                endpoint["text"] += ("; the client's lateness could have made the candidate look "
+                                     f"{abs(correction):.2%} {'slower' if correction > 0 else 'faster'} on "
+                                     "average: taken out of each block")
+        out.append(endpoint | {"scope_cases": scope_cases, "dropped_client_limited": dropped,
+                               "client_limited_reason": blocks.dropped_reason(scope, THROUGHPUT)})
         latency = design.get("latency_endpoint")
         if latency:
             key, label = LATENCY_ENDPOINTS[latency]

@@ -11,6 +11,7 @@ import pytest
 from kvprobe.config import Bars
 from kvprobe.verdict.build import decide
 from kvprobe.verdict.checks import judge, judge_probe
+from kvprobe.verdict.checks.speed import Blocks, case_key, runs_by_case
 from kvprobe.verdict.sealed.checks import RULES4_PROBES
 
 BARS = Bars(throughput_drop_max=0.05, p99_latency_rise_max=0.10)
@@ -198,3 +199,27 @@ def test_advisory_speed_is_reported_but_never_decides() -> None:
     assert load[0]["outcome"] == "fail" and load[0]["advisory"] and "advisory" in load[0]["text"]
     assert got["decision"] != "reject"  # the other probes were not run: inconclusive, never rejected on speed
     assert not any("throughput" in r for r in got["reasons"] if r.startswith("fails"))
+
+
+def test_the_lateness_left_in_a_block_is_taken_out_of_its_throughput_ratio() -> None:
+    """One loop lag on both sides (20 ms) reads as 2.0% of the reference's 1 s requests and 1.8% of the slower
+    candidate's 1.105 s: that lightened the reference more, so the observed ratio understates how much slower
+    the candidate is by log(1.0200 / 1.0181). rules/6 takes that out of each block (and says so when it is a
+    tenth of a percent or more); a side without the figures, or a whole core, moves nothing."""
+    from kvprobe.stats.client_limit import lateness_move
+
+    busy = {"client_stamps": "kernel", "client_cpu_share": 0.5, "client_loop_lag_mean_s": 0.02}
+    ref = _case([100.0] * 8, [1.0] * 8, **busy, e2e_p50_s=1.0)
+    observed = [0.10 + x for x in _noise(8, 0.01)]
+    cand = _case([100 / math.exp(x) for x in observed], [1.0] * 8, **busy, e2e_p50_s=math.exp(0.10))
+    move = math.log1p(0.02 / math.exp(0.10)) - math.log1p(0.02)
+    assert lateness_move(ref["repeats"][0], cand["repeats"][0]) == pytest.approx(move) and move < 0
+    blocks = Blocks(runs_by_case([ref]), runs_by_case([cand]), BARS, ("ref", "cand"))
+    losses, used, dropped = blocks.losses([case_key(ref)], "output_tokens_per_s", drop=True)
+    assert dropped == 0 and used == list(range(8))
+    assert losses == pytest.approx([x - move for x in observed])
+    ep = _checks([ref], [cand])[ENDPOINT]
+    assert ep["sequential"]["lateness_correction"] == pytest.approx(move, abs=1e-6)
+    assert "the client's lateness could have made the candidate look 0.19% faster on average" in ep["text"]
+    assert lateness_move(ref["repeats"][0], {"client_loop_lag_mean_s": 0.02}) == 0.0
+    assert lateness_move(ref["repeats"][0], cand["repeats"][0] | {"client_cpu_share": 0.95}) == 0.0
