@@ -71,8 +71,7 @@ def paired_lateness(ref: dict[str, Any], cand: dict[str, Any]) -> tuple[float, f
     if any(full):
         return (-math.inf if full[0] else math.inf), *(float(x) if isinstance(x, int | float) else math.nan
                                                          for x in lags)
-    if not all(isinstance(x, int | float) for x in lags) or not all(isinstance(x, int | float) and x > 0
-                                                                     for x in spans):
+    if not all(_finite(x) and x >= 0 for x in lags) or not all(_finite(x) and x > 0 for x in spans):
         return None
     span = math.sqrt(spans[0] * spans[1])
     return (lags[1] - lags[0]) / span, float(lags[0]), float(lags[1])
@@ -85,16 +84,22 @@ def lateness_move(ref: dict[str, Any], cand: dict[str, Any]) -> float:
     that much less; one at capacity loses less, so the move is at most this. The same lag on both sides reads
     larger on the faster server: left in, it pulls every ratio toward 1, a slower candidate toward a pass (a
     client 2.4% late lets skewed blocks on the bar pass 3.1% against the design's 2.5%;
-    benchmarks/client_limited_selection.py). 0 where either side lacks the figures, or a client used a whole
-    core (that block is dropped)."""
+    benchmarks/client_limited_selection.py). 0 where either side lacks the figures (or they are not finite
+    numbers), or a client used a whole core (that block is dropped). The lag is the slowest client process's
+    (kvprobe.load.processes.merge_client), so with several processes the correction errs large: toward a
+    slower-looking candidate near the bar."""
     effects = []
     for run in (ref, cand):
         cpu, lag, span = run.get("client_cpu_share"), run.get("client_loop_lag_mean_s"), _p50(run, "e2e")
-        if (isinstance(cpu, int | float) and cpu >= CPU_LIMIT) or not isinstance(lag, int | float) \
-                or not isinstance(span, int | float) or span <= 0:
+        if (isinstance(cpu, int | float) and cpu >= CPU_LIMIT) or not _finite(lag) or lag < 0 \
+                or not _finite(span) or span <= 0:
             return 0.0
         effects.append(lag / span)
     return math.log1p(effects[1]) - math.log1p(effects[0])
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, int | float) and math.isfinite(x)
 
 
 def _p50(case: dict[str, Any], name: str) -> float | None:

@@ -105,12 +105,15 @@ class Blocks:
 
     def __init__(self, ref: dict[tuple[str, ...], list[dict[str, Any]]],
                  cand: dict[tuple[str, ...], list[dict[str, Any]]], bars: Any,
-                 names: tuple[str, str] = ("reference", "candidate")) -> None:
+                 names: tuple[str, str] = ("reference", "candidate"),
+                 open_loop: set[tuple[str, ...]] | None = None) -> None:
         def index(groups: dict[tuple[str, ...], list[dict[str, Any]]]) -> dict[tuple[tuple[str, ...], int], dict]:
             return {(key, int(run.get("repeat", i))): run for key, runs in groups.items()
                     for i, run in enumerate(runs)}
 
         self.ref, self.cand = index(ref), index(cand)
+        # Open loop, arrivals keep their schedule whatever the client's lag: no cycle is stretched to correct.
+        self.open_loop = open_loop or set()
         self.cases = sorted(set(ref) & set(cand), key=natural_order)
         self.bars = bars
         # (case, block) whose latency figures the client could have moved on either server, with the
@@ -166,6 +169,8 @@ class Blocks:
 
     def move(self, case: tuple[str, ...], block: int) -> float:
         """What the client's lateness can have moved this case's paired log throughput ratio in this block."""
+        if case in self.open_loop:
+            return 0.0
         return lateness_move(self.ref[(case, block)], self.cand[(case, block)])
 
     def correction(self, scope: list[tuple[str, ...]]) -> float | None:
@@ -363,7 +368,9 @@ def _load_checks(inputs: dict[str, Any], cand: str, bars: Any) -> list[dict[str,
         why = (probe.get("stops") or {}).get(cand) if ref_groups else None
         return [not_measured("load.endpoint.throughput_drop", "throughput_drop_max", "throughput drop", "load",
                              why or f"no load cases for {who}", bars.throughput_drop_max)]
-    blocks = Blocks(ref_groups, cand_groups, bars, (inputs["reference"], cand))
+    open_loop = {case_key(c) for name in (inputs["reference"], cand)
+                 for c in (servers.get(name) or {}).get("cases") or [] if c.get("mode") == "open"}
+    blocks = Blocks(ref_groups, cand_groups, bars, (inputs["reference"], cand), open_loop)
     fields = {case_key(c): case_fields(c) for name in (inputs["reference"], cand)
               for c in (servers.get(name) or {}).get("cases") or []}
     plan = sequential.of_settings(design)

@@ -223,3 +223,23 @@ def test_the_lateness_left_in_a_block_is_taken_out_of_its_throughput_ratio() -> 
     assert "the client's lateness could have made the candidate look 0.19% faster on average" in ep["text"]
     assert lateness_move(ref["repeats"][0], {"client_loop_lag_mean_s": 0.02}) == 0.0
     assert lateness_move(ref["repeats"][0], cand["repeats"][0] | {"client_cpu_share": 0.95}) == 0.0
+
+
+def test_an_open_loop_case_and_unreadable_lags_are_not_corrected() -> None:
+    """Open loop the arrivals keep their schedule whatever the client's lag, so nothing is taken out; a lag that
+    is no finite number, or negative, moves nothing and drops nothing."""
+    from kvprobe.stats.client_limit import lateness_move, paired_lateness
+
+    busy = {"client_stamps": "kernel", "client_cpu_share": 0.5, "client_loop_lag_mean_s": 0.02}
+    ref = _case([100.0] * 8, [1.0] * 8, **busy, e2e_p50_s=1.0) | {"mode": "open", "rate": 2.0}
+    observed = [0.10 + x for x in _noise(8, 0.01)]
+    cand = _case([100 / math.exp(x) for x in observed], [1.0] * 8, **busy, e2e_p50_s=math.exp(0.10)) \
+        | {"mode": "open", "rate": 2.0}
+    ep = _checks([ref], [cand])[ENDPOINT]
+    assert ep["sequential"]["lateness_correction"] == 0.0 and "lateness could have" not in ep["text"]
+    blocks = Blocks(runs_by_case([ref]), runs_by_case([cand]), BARS, ("ref", "cand"), {case_key(ref)})
+    assert blocks.losses([case_key(ref)], "output_tokens_per_s", drop=True)[0] == pytest.approx(observed)
+    run = ref["repeats"][0]
+    for bad in (math.nan, math.inf, -0.01):
+        assert lateness_move(run, run | {"client_loop_lag_mean_s": bad}) == 0.0
+        assert paired_lateness(run, run | {"client_loop_lag_mean_s": bad}) is None
