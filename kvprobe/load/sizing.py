@@ -178,7 +178,7 @@ def plan(pilot: Pilot, *, servers: int, cases: int, scope: int, margin: float, m
     chosen = enough[0] if enough else max(options, key=lambda o: (round(o.p_pass_equal or 0.0, 2), -o.multiplier))
     if chosen.sigma_block is None or var is None or pilot.case_var is None:
         return chosen
-    at_pilot = _power(margin, chosen.sigma_block * math.sqrt(pilot.case_var / var) if var > 0 else 0.0,
+    at_pilot = _power(margin, _block_at_pilot(chosen),
                       sequential.Design(chosen.looks, chosen.c, statistic=sequential.STATISTIC))
     return replace(chosen, p_pass_equal_at_pilot=at_pilot)
 

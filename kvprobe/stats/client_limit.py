@@ -64,17 +64,12 @@ def paired_lateness(ref: dict[str, Any], cand: dict[str, Any]) -> tuple[float, f
     whichever server is faster, so whether a block is dropped does not depend on the block's own ratio
     (benchmarks/client_limited_selection.py). Infinite, signed towards the side (the reference's first), when a
     client used a whole core; None when either side lacks the figures."""
-    cores = [run.get("client_cpu_share") for run in (ref, cand)]
-    full = [isinstance(c, int | float) and c >= CPU_LIMIT for c in cores]
-    lags = [run.get("client_loop_lag_mean_s") for run in (ref, cand)]
-    spans = [_p50(run, "e2e") for run in (ref, cand)]
-    if any(full):
-        return (-math.inf if full[0] else math.inf), *(float(x) if isinstance(x, int | float) else math.nan
-                                                         for x in lags)
-    if not all(_finite(x) and x >= 0 for x in lags) or not all(_finite(x) and x > 0 for x in spans):
+    (full_ref, lag_ref, span_ref), (full_cand, lag_cand, span_cand) = _side(ref), _side(cand)
+    if full_ref or full_cand:
+        return (-math.inf if full_ref else math.inf), *(math.nan if x is None else x for x in (lag_ref, lag_cand))
+    if None in (lag_ref, lag_cand, span_ref, span_cand):
         return None
-    span = math.sqrt(spans[0] * spans[1])
-    return (lags[1] - lags[0]) / span, float(lags[0]), float(lags[1])
+    return (lag_cand - lag_ref) / math.sqrt(span_ref * span_cand), lag_ref, lag_cand
 
 
 def lateness_move(ref: dict[str, Any], cand: dict[str, Any]) -> float:
@@ -88,14 +83,18 @@ def lateness_move(ref: dict[str, Any], cand: dict[str, Any]) -> float:
     numbers), or a client used a whole core (that block is dropped). The lag is the slowest client process's
     (kvprobe.load.processes.merge_client), so with several processes the correction errs large: toward a
     slower-looking candidate near the bar."""
-    effects = []
-    for run in (ref, cand):
-        cpu, lag, span = run.get("client_cpu_share"), run.get("client_loop_lag_mean_s"), _p50(run, "e2e")
-        if (isinstance(cpu, int | float) and cpu >= CPU_LIMIT) or not _finite(lag) or lag < 0 \
-                or not _finite(span) or span <= 0:
-            return 0.0
-        effects.append(lag / span)
-    return math.log1p(effects[1]) - math.log1p(effects[0])
+    (full_ref, lag_ref, span_ref), (full_cand, lag_cand, span_cand) = _side(ref), _side(cand)
+    if full_ref or full_cand or None in (lag_ref, lag_cand, span_ref, span_cand):
+        return 0.0
+    return math.log1p(lag_cand / span_cand) - math.log1p(lag_ref / span_ref)
+
+
+def _side(run: dict[str, Any]) -> tuple[bool, float | None, float | None]:
+    """One side's client figures as the throughput rules read them: (a whole core used; the mean loop lag,
+    None unless a finite number >= 0; the median request span, None unless a finite number > 0)."""
+    cpu, lag, span = run.get("client_cpu_share"), run.get("client_loop_lag_mean_s"), _p50(run, "e2e")
+    return (isinstance(cpu, int | float) and cpu >= CPU_LIMIT,
+            float(lag) if _finite(lag) and lag >= 0 else None, float(span) if _finite(span) and span > 0 else None)
 
 
 def _finite(x: Any) -> bool:

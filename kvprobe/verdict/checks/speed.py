@@ -173,9 +173,8 @@ class Blocks:
             return 0.0
         return lateness_move(self.ref[(case, block)], self.cand[(case, block)])
 
-    def correction(self, scope: list[tuple[str, ...]]) -> float | None:
-        """The mean lateness correction over the blocks `losses` uses for throughput (None: none used)."""
-        _, used, _ = self.losses(scope, THROUGHPUT, drop=True)
+    def correction(self, scope: list[tuple[str, ...]], used: list[int]) -> float | None:
+        """The mean lateness correction over `used`, the blocks `losses` used for throughput (None: none)."""
         if not used:
             return None
         return math.fsum(self.move(k, b) for b in used for k in scope) / (len(used) * len(scope))
@@ -368,11 +367,10 @@ def _load_checks(inputs: dict[str, Any], cand: str, bars: Any) -> list[dict[str,
         why = (probe.get("stops") or {}).get(cand) if ref_groups else None
         return [not_measured("load.endpoint.throughput_drop", "throughput_drop_max", "throughput drop", "load",
                              why or f"no load cases for {who}", bars.throughput_drop_max)]
-    open_loop = {case_key(c) for name in (inputs["reference"], cand)
-                 for c in (servers.get(name) or {}).get("cases") or [] if c.get("mode") == "open"}
+    cases = [c for name in (inputs["reference"], cand) for c in (servers.get(name) or {}).get("cases") or []]
+    open_loop = {case_key(c) for c in cases if c.get("mode") == "open"}
     blocks = Blocks(ref_groups, cand_groups, bars, (inputs["reference"], cand), open_loop)
-    fields = {case_key(c): case_fields(c) for name in (inputs["reference"], cand)
-              for c in (servers.get(name) or {}).get("cases") or []}
+    fields = {case_key(c): case_fields(c) for c in cases}
     plan = sequential.of_settings(design)
     stop = (probe.get("stops") or {}).get(cand)
     out = []
@@ -384,11 +382,11 @@ def _load_checks(inputs: dict[str, Any], cand: str, bars: Any) -> list[dict[str,
     else:
         scope, scope_text = scoped
         scope_cases = [fields[k] for k in scope]
-        losses, _, dropped = blocks.losses(scope, THROUGHPUT, drop=True)
+        losses, used, dropped = blocks.losses(scope, THROUGHPUT, drop=True)
         endpoint = endpoint_check("load.endpoint.throughput_drop", "throughput_drop_max",
                                   f"throughput drop, {scope_text}",
                                   losses, dropped, scope_text, bars.throughput_drop_max, plan, drop=True, stop=stop)
-        correction = blocks.correction(scope)
+        correction = blocks.correction(scope, used)
         if correction is not None:
             endpoint["sequential"]["lateness_correction"] = round(correction, 6)
             if abs(correction) >= LATENESS_SAID:
