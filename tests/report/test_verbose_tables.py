@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from recorded import RUNS
 
 from kvprobe.cli import main
+from kvprobe.errors import EXIT_BAR_FAILED, EXIT_CANNOT_RUN, most_serious
 from kvprobe.report.tables import TableData, all_tables
 from kvprobe.report.text_table import render
 
@@ -144,7 +145,10 @@ def _own_config_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_verbose_tables_never_split_a_figure(run: Path, width: int) -> None:
     verdict = orjson.loads((run / "verdict.json").read_bytes())
     result = CliRunner(env={"COLUMNS": str(width)}).invoke(main, ["show", str(run), "-v"])
-    assert result.exit_code in (1, 2), result.output  # unsigned or no allowed_signers here: never 0
+    # never 0: unsigned (1), or signed with no allowed_signers here (2); the verdict's own code where it is more
+    # serious (4: a server broke)
+    unverified = EXIT_CANNOT_RUN if (run / "verdict.json.sig").exists() else EXIT_BAR_FAILED
+    assert result.exit_code == most_serious(verdict["exit_code"], unverified), result.output
     tables = [t for t in all_tables(verdict) if t.title not in TERMINAL_ONLY]
     titles = {t.title for t in tables} | {f"{t.title} (continued)" for t in tables}
     parts = read_back(result.stdout.splitlines(), titles)

@@ -2,15 +2,19 @@
 own events): an Intel Xeon with AMX where int8_per_token_head writes garbage (all 20 needle answers and 34
 of 40 QA answers ran to the 1024-token cap), an AMD EPYC with AVX2 only where bfloat16 KV on float32
 weights misses most needles and runs 13 of 40 to the cap (a rules/3 run), and real vLLM on an NVIDIA H200
-where int8_per_token_head holds quality. Each test asserts what the evidence must make the verdict say,
+where int8_per_token_head holds quality; and the same Xeon under rules/6, where int8_per_token_head's engine died
+mid-probe (HTTP 500) and fp8 was adopted. Each test asserts what the evidence must make the verdict say,
 never a number one machine made."""
 
 from __future__ import annotations
+
+import gzip
 
 import orjson
 import pytest
 from recorded import RUNS, rejudge
 
+from kvprobe.errors import EXIT_BROKEN
 from kvprobe.verdict.build import RULES, SCHEMA, rederive, verdict_bytes
 
 
@@ -128,3 +132,63 @@ def test_the_rejudged_verdict_rederives(name: str, tmp_path) -> None:
     _, verdict = rejudge(name, tmp_path)
     assert verdict["rules"] == RULES and verdict["schema"] == SCHEMA
     assert rederive(orjson.loads(verdict_bytes(verdict))) == []
+
+
+# The model 167 demo under rules/6 (tests/fixtures/runs/xeon-amx-rules6): int8_per_token_head's engine died in the
+# needle probe (a real HTTP 500 from vLLM's EngineCore, after perplexity and agreement had measured it), and fp8
+# was adopted at a look with client-limited blocks dropped on the shared 2-core box.
+XEON6 = "xeon-amx-rules6"
+
+
+@pytest.fixture(scope="module")
+def xeon6() -> dict:
+    return orjson.loads((RUNS / XEON6 / "verdict.json").read_bytes())
+
+
+def test_an_engine_that_dies_mid_probe_is_broken_and_its_failed_quality_is_named(xeon6: dict) -> None:
+    with gzip.open(RUNS / XEON6 / "events.jsonl.gz") as f:
+        events = [orjson.loads(line) for line in f]
+    died = [e for e in events if e["kind"] == "needle_case" and e["status"] == "error"]
+    assert died and died[0]["http_status"] == 500 and "EngineCore" in died[0]["error"]  # the real capture
+    assert "EngineCore" in xeon6["broken"]["int8_per_token_head"]
+    d = xeon6["decisions"]["int8_per_token_head"]
+    assert d["decision"] == "broken" and xeon6["exit_code"] == EXIT_BROKEN
+    assert d["reasons"][0].startswith("int8_per_token_head failed during a probe: ")
+    checks = _checks(xeon6, "int8_per_token_head")
+    failed = [c for c in checks.values() if c["outcome"] == "fail"]
+    assert {c["id"] for c in failed} >= {"perplexity.delta", "needle.recall_drop"}
+    for c in failed:  # what it had measured before it died is not lost: each failed bar is in the reasons
+        assert f"also fails {c['bar']}: {c['text']}" in d["reasons"]
+    # nothing was measured after the death, and nothing is called measured
+    assert checks["tasks.kvprobe_qa.drop"]["outcome"] == checks["load.endpoint.throughput_drop"]["outcome"] \
+        == "not_measured"
+    assert xeon6["recommendation"]["server"] == "fp8"  # the other candidate is judged on its own evidence
+
+
+def test_rules6_drops_the_client_limited_blocks_and_still_decides(xeon6: dict) -> None:
+    endpoint = _checks(xeon6, "fp8")["load.endpoint.throughput_drop"]
+    seq = endpoint["sequential"]
+    assert xeon6["rules"] == "kvprobe.rules/6" and endpoint["outcome"] == "pass"
+    assert seq["dropped_client_limited"] >= 1 and seq["look"]["at_look"] and seq["look"]["n"] in seq["design"]["looks"]
+    # the drop read both sides' client lag over the span both share (rules/6), and says so
+    assert "the client sent its turns" in endpoint["client_limited_reason"]
+    assert "over the span both share" in endpoint["client_limited_reason"]
+    assert "lateness_correction" in seq
+    lo, hi = endpoint["ratio_interval"]
+    assert lo > 1 - endpoint["limit"] and lo < 1 < hi  # a pass is an interval inside the bar
+
+
+def test_the_rules6_run_rebuilt_from_its_events_reaches_the_recorded_decisions(xeon6: dict, tmp_path) -> None:
+    """Each quality summary is rebuilt from the events log (the load summary is the recorded one): every
+    decision and every check's outcome, value and interval come out as recorded."""
+    _, again = rejudge(XEON6, tmp_path)
+    assert again["rules"] == xeon6["rules"]
+
+    def judged(v: dict) -> dict:
+        return {(name, c["id"]): (c["outcome"], c.get("value"), c.get("interval"))
+                for name, d in v["decisions"].items() for c in d.get("checks", [])}
+
+    assert {n: d["decision"] for n, d in again["decisions"].items()} == \
+        {n: d["decision"] for n, d in xeon6["decisions"].items()}
+    assert judged(again) == judged(xeon6)
+    assert again["exit_code"] == xeon6["exit_code"] and again["broken"] == xeon6["broken"]
