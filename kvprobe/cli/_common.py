@@ -3,6 +3,7 @@ running an evaluation into a run directory."""
 
 from __future__ import annotations
 
+import functools
 import shlex
 import sys
 from collections.abc import Callable
@@ -46,6 +47,25 @@ def view_options(command: Callable[..., Any]) -> Callable[..., Any]:
     command = click.option("--quiet", "-q", is_flag=True,
                            help="print only the decision lines; the exit code says the rest")(command)
     return click.option("--verbose", "-v", is_flag=True, help="also print the full tables (each once)")(command)
+
+
+def servers_file_input(command: Callable[..., Any]) -> Callable[..., Any]:
+    """servers.toml as `--servers F` or as the first argument, on every command that reads it: `kvprobe eval F`
+    and `kvprobe check --servers F` are what a user types after using the other. The command gets `servers_file`."""
+
+    @functools.wraps(command)
+    def given(*args: Any, servers_arg: Path | None = None, servers_opt: Path | None = None, **kwargs: Any) -> Any:
+        if servers_arg is not None and servers_opt is not None and servers_arg != servers_opt:
+            _fail([f"two servers files, {servers_arg} and --servers {servers_opt}: give one"])
+        path = servers_opt if servers_opt is not None else servers_arg
+        if path is None:
+            _fail([f"no servers file: kvprobe {click.get_current_context().info_name} --servers servers.toml"])
+        return command(*args, servers_file=path, **kwargs)
+
+    given = click.argument("servers_arg", required=False, metavar="[SERVERS_FILE]",
+                           type=click.Path(path_type=Path))(given)
+    return click.option("--servers", "servers_opt", type=click.Path(path_type=Path), default=None,
+                        help="servers.toml (or give it as the first argument)")(given)
 
 
 def set_view(verbose: bool, quiet: bool) -> None:

@@ -16,6 +16,7 @@ from kvprobe.cli._common import (
     _write_ci,
     err_console,
     out_console,
+    servers_file_input,
     set_ci,
     set_view,
     view_options,
@@ -33,7 +34,7 @@ from kvprobe.run.store import RunDir
 
 
 @click.command(name="canary")
-@click.option("--servers", "servers_file", required=True, type=click.Path(path_type=Path), help="servers.toml")
+@servers_file_input
 @click.option("--baseline", type=click.Path(path_type=Path), default=None,
               help="an earlier verdict (or its run directory): verified, then compared for drift")
 @click.option("--allowed-signers", type=click.Path(path_type=Path), default=None,

@@ -9,7 +9,7 @@ from typing import Any
 import click
 import orjson
 
-from kvprobe.cli._common import PROBES_HELP, _fail, print_lines, warn
+from kvprobe.cli._common import PROBES_HELP, _fail, print_lines, servers_file_input, warn
 from kvprobe.errors import EXIT_CANNOT_RUN, EXIT_OK, ConfigError
 
 
@@ -18,7 +18,7 @@ def _json(data: dict[str, Any]) -> None:
 
 
 @click.command(name="check")
-@click.argument("servers_file", type=click.Path(path_type=Path))
+@servers_file_input
 @click.option("--probes", default=None, help=PROBES_HELP)
 @click.option("--max-model-len", type=click.IntRange(min=1), default=None,
               help="the servers' max_model_len, to check that every probe setting fits it (default: what each "

@@ -11,6 +11,7 @@ from kvprobe.cli._common import (
     PROBES_HELP,
     SUMMARY_HELP,
     _evaluate,
+    servers_file_input,
     set_ci,
     set_view,
     view_options,
@@ -19,8 +20,7 @@ from kvprobe.report.ci import CiOutputs
 
 
 @click.command(name="eval")
-@click.option("--servers", "servers_file", required=True, type=click.Path(path_type=Path),
-              help="servers.toml")
+@servers_file_input
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="run directory (default runs/<UTC time>-<id>)")
 @click.option("--resume", type=click.Path(path_type=Path), default=None,

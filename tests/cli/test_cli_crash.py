@@ -95,6 +95,6 @@ def test_kvprobe_errors_keep_their_code_and_ctrl_c_keeps_130(tmp_path, monkeypat
 def test_system_exit_and_usage_errors_pass_through(tmp_path, monkeypatch) -> None:
     result, _ = _eval(tmp_path, monkeypatch, SystemExit(3))
     assert result.exit_code == 3
-    result = CliRunner().invoke(cli.main, ["eval"])
-    assert result.exit_code == 2 and "Missing option '--servers'" in result.output
+    result = CliRunner().invoke(cli.main, ["eval", "--probes"])
+    assert result.exit_code == 2 and "Option '--probes' requires an argument" in result.output
     assert CliRunner().invoke(cli.main, ["audit", "--help"]).exit_code == 0

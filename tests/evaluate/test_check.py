@@ -53,6 +53,25 @@ def _key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVPROBE_CHECK_KEY", SECRET)
 
 
+def test_the_servers_file_is_an_argument_or_servers_on_every_command_that_reads_it(tmp_path: Path) -> None:
+    """A user who ran `eval --servers F` types `check --servers F`, and the other way round: both work, each
+    command names what is missing or doubled in one line, exit 2."""
+    path = str(write(tmp_path, SERVERS))
+    assert check(path).stdout == check("--servers", path).stdout
+    assert check(path, "--servers", path).exit_code == 0  # the same file twice is one file
+    missing = tmp_path / "none.toml"
+    for command in ("check", "eval", "canary"):
+        for args in ([str(missing)], ["--servers", str(missing)]):
+            result = CliRunner().invoke(main, [command, *args])
+            assert result.exit_code == 2 and error_lines(result) == [f"error: {missing}: cannot read: No such "
+                                                                     "file or directory"], result.output
+        result = CliRunner().invoke(main, [command])
+        assert result.exit_code == 2
+        assert error_lines(result) == [f"error: no servers file: kvprobe {command} --servers servers.toml"]
+        result = CliRunner().invoke(main, [command, "a.toml", "--servers", "b.toml"])
+        assert error_lines(result) == ["error: two servers files, a.toml and --servers b.toml: give one"]
+
+
 def test_a_good_config_prints_the_plan_and_exits_0(tmp_path: Path) -> None:
     result = check(str(write(tmp_path, SERVERS)), "--max-model-len", "8192")
     assert result.exit_code == 0, result.output
