@@ -137,7 +137,8 @@ def glance(v: dict[str, Any]) -> list[dict[str, Any]]:
     """The first screen: per candidate its decision and the summary's axes, as the terminal says them."""
     out = []
     for name, d in (v.get("decisions") or {}).items():
-        rows = [(label, Text.from_markup(text).plain) for label, text in candidate_rows(v, name)]
+        rows = [(label, Text.from_markup(text).plain) for label, text in candidate_rows(
+            v, name, more="the Power table below")]
         out.append({"name": name, "decision": d["decision"], "rows": rows})
     return out
 

@@ -3,22 +3,23 @@ its decision and what would settle anything unsettled. What `eval`, `canary` and
 default; `--verbose` adds the full tables.
 
 Every figure is the check's own (kvprobe.report.cells words them), so the summary says what the signed
-verdict says. Lines are plain words separated by spaces, so a narrow terminal wraps between figures and
-never cuts one.
+verdict says. Lines are wrapped here (kvprobe.report.wrap), between figures: a narrow terminal never cuts one,
+nor an interval's two ends apart.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from rich.console import Console, RenderableType
+from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+from rich.text import Text
 
 from kvprobe.load import spec_decode
 from kvprobe.probes import on_axis
 from kvprobe.report import cells
 from kvprobe.report.terminal import OUTCOME_STYLE
+from kvprobe.report.wrap import wrap
 
 QUALITY_PROBES = on_axis("quality")
 AXIS = 9  # "capacity " etc.: the label column
@@ -95,7 +96,10 @@ def _settle(checks: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def candidate_rows(verdict: dict[str, Any], name: str) -> list[tuple[str, str]]:
+def candidate_rows(verdict: dict[str, Any], name: str, more: str = "--verbose, or report.html"
+                   ) -> list[tuple[str, str]]:
+    """The summary's rows of one candidate, (axis, rich markup); `more`: where the settling advice cut at four
+    continues."""
     d = verdict["decisions"][name]
     checks = d.get("checks") or []
     ref = verdict.get("reference")
@@ -115,32 +119,40 @@ def candidate_rows(verdict: dict[str, Any], name: str) -> list[tuple[str, str]]:
     settle = _settle(checks) if d["decision"] == "inconclusive" else []
     rows += [("to settle" if i == 0 else "", s) for i, s in enumerate(settle[:4])]
     if len(settle) > 4:
-        rows.append(("", f"and {len(settle) - 4} more (--verbose, or report.html)"))
+        rows.append(("", f"and {len(settle) - 4} more ({more})"))
     return rows
 
 
-def summary(verdict: dict[str, Any]) -> list[RenderableType]:
-    """The whole summary: a heading, per candidate its decision and a two-column grid (the axis, then
-    its figures, wrapped under themselves), then the recommendation."""
+def _lines(markup: str, width: int, head: str = "") -> list[Text]:
+    """`markup` wrapped at `width` by kvprobe.report.wrap (an interval's two ends stay on one line), after `head`
+    and under it, with no padding after the last word."""
+    body = Text.from_markup(markup)
+    plain = body.plain
+    out, pos = [], 0
+    for i, line in enumerate(wrap(plain, max(width - len(head), 20))):
+        start = plain.index(line, pos)
+        pos = start + len(line)
+        out.append(Text(head if i == 0 else " " * len(head)) + body[start:pos])
+    return out
+
+
+def summary(verdict: dict[str, Any], width: int) -> list[Text]:
+    """The whole summary at `width` columns: a heading, per candidate its decision and a line per axis
+    (the axis, then its figures, wrapped under themselves), then the recommendation."""
     rec = verdict.get("recommendation") or {}
     pin = verdict.get("pin") or {}
     knob = pin.get("knob") or "kv_cache_dtype"
     one_knob = ("" if not pin else f" · one-knob check valid ({escape(knob)})" if pin.get("valid")
                 else " · one-knob check [magenta]INVALID[/magenta]")
-    out: list[RenderableType] = [
-        f"reference [bold]{escape(str(verdict.get('reference')))}[/bold] · {len(verdict['decisions'])} "
-        f"candidate(s){one_knob} · {escape(str(verdict.get('rules', '')).removeprefix('kvprobe.'))}"]
+    out = _lines(f"reference [bold]{escape(str(verdict.get('reference')))}[/bold] · {len(verdict['decisions'])} "
+                 f"candidate(s){one_knob} · {escape(str(verdict.get('rules', '')).removeprefix('kvprobe.'))}", width)
     for name, d in verdict["decisions"].items():
-        out.append(f"[bold]{escape(name)}[/bold]: {_word(d['decision'])}")
-        grid = Table.grid(padding=(0, 1))
-        grid.add_column(width=AXIS + 2, no_wrap=True)
-        grid.add_column(overflow="fold")
+        out += _lines(f"[bold]{escape(name)}[/bold]: {_word(d['decision'])}", width)
         for axis, text in candidate_rows(verdict, name):
-            grid.add_row(f"  {axis}", text)
-        out.append(grid)
+            out += _lines(text, width, f"  {axis}".ljust(AXIS + 3))
     if rec.get("server") is not None:
         change = "adopt" if rec.get("change") else "keep"
-        out.append(f"[bold]recommendation: {change} {escape(str(rec['server']))}[/bold]")
+        out += _lines(f"[bold]recommendation: {change} {escape(str(rec['server']))}[/bold]", width)
     return out
 
 
@@ -194,5 +206,7 @@ def decision_lines(verdict: dict[str, Any]) -> list[str]:
 
 
 def print_summary(console: Console, verdict: dict[str, Any]) -> None:
-    for part in summary(verdict):
-        console.print(part, highlight=False)
+    for line in summary(verdict, console.width):
+        # Wrapped already: soft_wrap prints each line as it is (a path longer than the terminal whole, for the
+        # terminal to fold, never cropped)
+        console.print(line, highlight=False, soft_wrap=True)

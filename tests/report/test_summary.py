@@ -12,14 +12,16 @@ import pytest
 from click.testing import CliRunner
 from replay import SERVERS_TOML, MultiReplay, Replay
 from rich.console import Console
+from rich.text import Text
 
 from kvprobe.cli import main
 from kvprobe.evaluate import orchestrate as evaluation
 from kvprobe.report import cells
-from kvprobe.report.summary import print_summary
+from kvprobe.report.summary import candidate_rows, print_summary
 
 RUNS = sorted((Path(__file__).parents[1] / "fixtures" / "runs").glob("*/verdict.json"))
 NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?[%x]?")
+INTERVAL = re.compile(r"\[[-+\d.,%x ]+\]")
 
 
 def render(verdict: dict, width: int) -> list[str]:
@@ -44,7 +46,12 @@ def test_the_summary_fits_and_never_cuts_a_number(path: Path, width: int) -> Non
                     assert any(number in w for w in words), (name, check.get("id"), number)
         if d.get("capacity_ratio") is not None:
             assert any(f"{d['capacity_ratio']:.2f}x" in line for line in lines)
+        # an interval's two ends stay on one line, wherever the summary wraps (speed's ratio interval too)
+        texts = " ".join(Text.from_markup(text).plain for _, text in candidate_rows(verdict, name))
+        for interval in INTERVAL.findall(texts):
+            assert any(interval in line for line in lines), (name, interval)
     assert lines[-1].startswith("recommendation: ")
+    assert all(line == line.rstrip() for line in lines)  # nothing pads a line out to the terminal's width
 
 
 def test_at_100_columns_each_axis_is_a_line_of_its_own() -> None:
@@ -99,3 +106,14 @@ def test_a_probe_without_a_bar_ends_with_its_figures_not_judged() -> None:
     assert probe_lines("agreement", {"cand": []}, summary) == [
         "agreement: [bold]cand[/bold] top-1 agreement 17.3%, mean KL 1.38 over 11,597 positions "
         "(no bar set: not judged)"]
+
+
+def test_the_html_first_screen_points_to_its_own_power_table_not_to_itself() -> None:
+    from kvprobe.report.html import glance
+
+    verdict = json.loads((RUNS[0].parent.parent / "h200-gpu" / "verdict.json").read_text())
+    rows = [text for card in glance(verdict) for _, text in card["rows"]]
+    more = [text for text in rows if text.startswith("and ") and text.endswith(" more (the Power table below)")]
+    assert len(more) == 2 and not any("report.html" in text for text in rows)  # 20 speed checks each, 4 shown
+    terminal = render(verdict, 120)
+    assert any(line.strip().endswith("more (--verbose, or report.html)") for line in terminal)
