@@ -3,6 +3,7 @@ by check-jsonschema (offline), and they never pipe kvprobe into `tee`, which wou
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -37,3 +38,11 @@ def test_the_canary_is_run_for_its_exit_code(name: str) -> None:
     assert not any("|" in line for line in lines)  # no pipe: `kvprobe ... | tee` hands the job tee's exit
     text = (EXAMPLES / name).read_text()
     assert "--junit" in text and "kvprobe-run/" in text  # the JUnit file and the run directory are kept
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yml")), ids=lambda p: p.name)
+def test_an_example_installs_a_named_source_never_the_bare_name(path) -> None:
+    """`pip install kvprobe` installs whatever the default index serves under that name."""
+    text = path.read_text()
+    assert 'pip install "$KVPROBE_PACKAGE"' in text and 'KVPROBE_PACKAGE: "kvprobe @ git+' in text
+    assert not re.search(r"pip install\s+kvprobe\b", text)
