@@ -247,6 +247,16 @@ def test_audit_shows_compiled_for_beside_run_on(monkeypatch: pytest.MonkeyPatch)
     text = platform_text(platform_from_system_env(gpu_server_info("auto")["system_env"]))
     assert "NVIDIA H200 sm_90 (driver 580.159.04, CUDA 13.0.88 runtime, compiled for CUDA 13.0, " \
            "kernels for sm_90a)" in text
+    # and in the terminal, under the table: the one platform the three servers share, in full
+    result = CliRunner(env={"COLUMNS": "100"}).invoke(cli.main, ["audit", *(url(n) for n in DENSE)],
+                                                      catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    said = " ".join(line.strip() for line in result.stdout[result.stdout.index("platform of "):].splitlines())
+    hosts = ", ".join(url(n).removeprefix("http://") for n in DENSE)
+    assert said.startswith(f"platform of {hosts}: ") and said.count("platform of ") == 1
+    assert "NVIDIA H200 sm_90 (driver 580.159.04, CUDA 13.0.88 runtime, compiled for CUDA 13.0, kernels for " \
+           "sm_90a)" in said
+    assert all(len(line) <= 100 for line in result.stdout.splitlines())
 
 
 async def test_audit_table_keeps_the_gpu_facts() -> None:

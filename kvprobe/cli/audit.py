@@ -32,6 +32,7 @@ from kvprobe.errors import (
 )
 from kvprobe.report.fleet import differences, fleet_table, group_by_model, host_port, pressure_table
 from kvprobe.report.platform_text import platform_json, platform_short, platform_text
+from kvprobe.report.wrap import wrap
 from kvprobe.server.client import Client
 from kvprobe.server.inventory import NOT_TAKEN, Inventory, take_inventories
 from kvprobe.server.metrics import (
@@ -114,6 +115,11 @@ def audit(urls: tuple[str, ...], as_json: bool, watch_text: str | None, api_key_
         width = settings.columns() or out_console.width
         console = Console(width=width)
         console.print(fleet_table(inventories, width))
+        # The table's platform cell is short; each distinct platform in full under it: run-on beside
+        # compiled-for (a GPU's architecture and driver, the CUDA torch was built for, the kernels' archs)
+        for text, urls in platforms_in_full(inventories):
+            for line in wrap(f"platform of {', '.join(urls)}: {text}", width, hang="  "):
+                console.print(escape(line), highlight=False, soft_wrap=True)
         if window_s is not None:
             console.print()
             console.print(pressure_table(inventories, diagnoses, window_s))
@@ -182,6 +188,15 @@ async def watch(clients: list[Client], inventories: list[Inventory], seconds: fl
     windows = await asyncio.gather(*(sample_metrics(c, inv, seconds) for c, inv in watched))
     return {inv.url: diagnose(summarize(samples), two_x_format(inv), max_num_seqs(inv))
             for (_, inv), samples in zip(watched, windows, strict=True)}
+
+
+def platforms_in_full(inventories: list[Inventory]) -> list[tuple[str, list[str]]]:
+    """Each distinct platform a server exposed, in full, with the servers on it (host:port), in audit order."""
+    out: dict[str, list[str]] = {}
+    for inv in inventories:
+        if inv.platform is not None:
+            out.setdefault(platform_text(inv.platform), []).append(host_port(inv.url))
+    return list(out.items())
 
 
 def audit_json(inventories: list[Inventory], diagnoses: dict[str, Diagnosis], window_s: float | None) -> dict[str, Any]:
