@@ -19,6 +19,8 @@ from kvprobe.errors import (
 )
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
     from kvprobe.memmap import Lever, MemoryMap
 
 
@@ -99,20 +101,37 @@ def memmap(config: Path, max_model_len: int | None, kv_dtypes: str, kv_memory: s
     _write_charts(mm, lv, chart, lever_chart)
 
 
+SCALES = ("KV tokens scale with --kv-memory and the ratios hold at any size: give your servers' KV memory (vLLM "
+          "logs it as the available KV cache memory) for their token counts")
+
+
 def _print_tables(mm: MemoryMap, lv: Lever) -> None:
     """The answer first, then the tables behind it (notes, the model's assumptions, on stderr between)."""
     from kvprobe.report.memmap_table import answer_lines, dtype_table, lever_table, summary_table
+    from kvprobe.report.wrap import wrap
 
-    for line in answer_lines(mm, lv):
-        out_console.print(line, highlight=False, markup=False)
+    for answer in answer_lines(mm, lv):
+        for line in wrap(answer, out_console.width):
+            out_console.print(line, highlight=False, markup=False, soft_wrap=True)
     for note in mm.model.notes:
         err_console.print(f"[yellow]note:[/yellow] {note}", highlight=False)
     out_console.print()
-    out_console.print(summary_table(mm))
-    for dtype in mm.plans:
-        out_console.print(dtype_table(mm, dtype))
-    if lv.ssm_dtypes:
-        out_console.print(lever_table(lv))
+    _print_titled(summary_table(mm))
+    for line in wrap(SCALES, out_console.width):
+        out_console.print(line, highlight=False, markup=False, soft_wrap=True)
+    for table in (*(dtype_table(mm, dtype) for dtype in mm.plans), *([lever_table(lv)] if lv.ssm_dtypes else [])):
+        _print_titled(table)
+
+
+def _print_titled(table: Table) -> None:
+    """A table under its title, the title wrapped at the terminal's width: rich wraps it at the table's, which
+    is narrower than the title."""
+    from kvprobe.report.wrap import wrap
+
+    title, table.title = str(table.title or ""), None
+    for line in wrap(title, out_console.width):
+        out_console.print(line, style="table.title", highlight=False, markup=False)
+    out_console.print(table)
 
 
 def _write_charts(mm: MemoryMap, lv: Lever, chart: Path | None, lever_chart: Path | None) -> None:

@@ -158,6 +158,20 @@ def test_tables_fold_rather_than_cut_a_number(columns: str) -> None:
     assert "599,186" in result.stdout and "838,860" in result.stdout
 
 
+@pytest.mark.parametrize("columns", [80, 120])
+def test_a_title_is_wrapped_at_the_terminal_not_at_its_table_and_the_scaling_is_said(columns: int) -> None:
+    """rich wraps a table's title at the table's width: 'memory' fell alone onto a second line at 120 columns."""
+    result = CliRunner(env={"COLUMNS": str(columns)}).invoke(main, ["memmap", str(LLAMA), "--max-model-len", "8192"])
+    lines = result.stdout.splitlines()
+    title = "Predicted KV capacity: configs at max_model_len 8,192, 1.00 GiB KV memory"
+    if columns >= len(title):
+        assert title in lines
+    assert " ".join(" ".join(lines).split()).count(title) == 1 and all(len(line) <= columns for line in lines)
+    assert all(line == line.rstrip() for line in lines[:3])  # the answer: wrapped between words, not padded
+    said = " ".join(" ".join(lines).split())
+    assert "KV tokens scale with --kv-memory and the ratios hold at any size" in said
+
+
 @pytest.mark.parametrize("config", [HYBRID, LLAMA], ids=["hybrid", "dense"])
 def test_the_answer_comes_before_the_tables(config: Path) -> None:
     """KV tokens per dtype, what binds the pool and (a hybrid) the lever are the first lines; every table after."""
