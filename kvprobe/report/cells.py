@@ -159,6 +159,23 @@ def se_text(check: dict[str, Any]) -> str:
     return value_text(check.get("bar"), se, signed=False)
 
 
+UNSETTLED_WORDS = "this design cannot settle it: lengthen the budget or quiet the servers"
+
+
+def sequential_settle(check: dict[str, Any]) -> str | None:
+    """What would settle an undecided speed endpoint, as its own words say it (kvprobe.verdict.checks.speed):
+    that its design cannot, or about how many more blocks would; None for a check with no sequential look."""
+    look = (check.get("sequential") or {}).get("look")
+    if not look:
+        return None
+    if check.get("outcome") != "inconclusive":
+        return "-"
+    if UNSETTLED_WORDS in str(check.get("text", "")):
+        return UNSETTLED_WORDS
+    more = look.get("more_blocks")
+    return f"about {more:,} more blocks (now {look.get('n')})" if more else "more blocks, or a quieter box"
+
+
 def settle_text(check: dict[str, Any]) -> str:
     """What would settle an inconclusive check: a quieter client (client-limited), the power block's
     own why (no size passes), or the size needed, with its range over the spread's uncertainty."""

@@ -88,7 +88,9 @@ def _settle(checks: list[dict[str, Any]]) -> list[str]:
         power = c.get("power") or {}
         if cells.client_limited(c):
             continue
-        if power.get("needed"):
+        if (endpoint := cells.sequential_settle(c)) is not None:
+            how = endpoint
+        elif power.get("needed"):
             how = f"about {power['needed']:,} {power.get('unit') or 'samples'} (now {power.get('n')})"
         else:
             how = "more samples, or a quieter box"

@@ -261,10 +261,8 @@ def power_table(v: dict[str, Any]) -> TableData | None:
             seq = c.get("sequential")
             if seq and seq.get("look"):  # a speed endpoint: the sequential design's own figures
                 look = seq["look"]
-                more = look.get("more_blocks")
-                settle = f"about {more} more blocks" if c["outcome"] == "inconclusive" and more else "-"
                 t.rows.append([name, cells.label(c), f"{seq['blocks']} blocks", f"{look['se']:.4f} (log)", "-", "-",
-                               cells.limit_text(c), c["outcome"], settle])
+                               cells.limit_text(c), c["outcome"], cells.sequential_settle(c)])
                 t.tags.append(c["outcome"])
                 continue
             block = c.get("power")

@@ -249,3 +249,24 @@ def test_report_renders_a_rules_2_verdict(tmp_path: Path) -> None:
     assert "| fp8 | shape=default agents=1 | 0.99x [0.78, 1.24] not judged |" in md
     for plot in ("capacity", "perplexity", "load", "latency"):
         assert (run / "plots" / f"{plot}.png").stat().st_size > 5000
+
+
+@pytest.mark.parametrize("run", sorted(p.name for p in RUNS.iterdir() if (p / "verdict.json").is_file()))
+def test_an_endpoint_its_design_cannot_settle_is_given_no_block_count_anywhere(run: str) -> None:
+    """The endpoint's words (kvprobe.verdict.checks.speed) say when no run of its design can settle it; the Power
+    table and the summary's 'to settle' say the same, never the thousands of blocks its look records."""
+    import orjson
+
+    from kvprobe.report.summary import candidate_rows
+
+    verdict = orjson.loads((RUNS / run / "verdict.json").read_bytes())
+    power = tables.power_table(verdict)
+    for name, d in verdict["decisions"].items():
+        for c in d.get("checks") or []:
+            if cells.UNSETTLED_WORDS not in str(c.get("text", "")):
+                continue
+            rows = [r for r in power.rows if r[0] == name and r[1] == cells.label(c)]
+            assert [r[-1] for r in rows] == [cells.UNSETTLED_WORDS]
+            settle = [text for _, text in candidate_rows(verdict, name) if text.startswith(f"{cells.label(c)}: ")]
+            assert settle or d["decision"] != "inconclusive"  # a no_gain twin's decision needs no settling
+            assert all(cells.UNSETTLED_WORDS in text and "more blocks" not in text for text in settle)

@@ -192,3 +192,39 @@ def test_the_rules6_run_rebuilt_from_its_events_reaches_the_recorded_decisions(x
         {n: d["decision"] for n, d in xeon6["decisions"].items()}
     assert judged(again) == judged(xeon6)
     assert again["exit_code"] == xeon6["exit_code"] and again["broken"] == xeon6["broken"]
+
+
+# The shipped bars and design on an H100 under rules/6 (tests/fixtures/runs/h100-rules6): the reference, its A/A
+# twin and fp8, in a 900 s budget (31 blocks planned by the pilot).
+H100_6 = "h100-rules6"
+
+
+@pytest.fixture(scope="module")
+def h100_6() -> dict:
+    return orjson.loads((RUNS / H100_6 / "verdict.json").read_bytes())
+
+
+def test_on_the_gpu_the_twin_passes_speed_and_frees_nothing(h100_6: dict) -> None:
+    """An A/A twin is equal by construction: its speed passes (at the design's final look here), its capacity is
+    1.00x, so it is no_gain; on a 16-core host no block is the client's."""
+    endpoint = _checks(h100_6, "twin")["load.endpoint.throughput_drop"]
+    assert endpoint["outcome"] == "pass" and h100_6["decisions"]["twin"]["decision"] == "no_gain"
+    lo, hi = endpoint["ratio_interval"]
+    assert 1 - endpoint["limit"] < lo < 1 < hi
+    seq = endpoint["sequential"]
+    assert seq["look"]["at_look"] and seq["dropped_client_limited"] == 0
+    assert abs(seq["lateness_correction"]) < 0.001 and "lateness" not in endpoint["text"]  # said from 0.1%
+
+
+def test_a_candidate_on_the_bar_is_inconclusive_and_told_the_design_cannot_settle_it(h100_6: dict) -> None:
+    """fp8's interval holds the bar (a 5% drop) after every planned block: no look can pass or fail it, and the
+    words say what would help instead of a count of thousands of blocks."""
+    endpoint = _checks(h100_6, "fp8")["load.endpoint.throughput_drop"]
+    lo, hi = endpoint["ratio_interval"]
+    assert lo < 1 - endpoint["limit"] < hi  # the bar inside the interval
+    look = endpoint["sequential"]["look"]
+    assert endpoint["outcome"] == "inconclusive" and look["n"] == endpoint["sequential"]["design"]["looks"][-1]
+    assert look["more_blocks"] > 10 * look["n"]
+    assert "this design cannot settle it: lengthen the budget or quiet the servers" in endpoint["text"]
+    assert h100_6["decisions"]["fp8"]["decision"] == "inconclusive"
+    assert h100_6["recommendation"]["server"] == "auto" and not h100_6["recommendation"]["change"]
