@@ -121,6 +121,12 @@ def api_key(var: str | None) -> str | None:
     return os.environ.get(var) if var else None
 
 
+def auth_header(key: str | None) -> dict[str, str]:
+    """The header that sends `key` to an OpenAI-compatible server (none without a key): one spelling for
+    kvprobe's own client and lm-eval's."""
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def secret_variables(names: Iterable[str], pattern: re.Pattern[str]) -> dict[str, str]:
     """The named variables and every variable whose name matches `pattern`, with their values (set,
     non-empty ones only): what a crash report must not show."""

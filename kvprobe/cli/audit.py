@@ -95,8 +95,7 @@ def audit(urls: tuple[str, ...], as_json: bool, watch_text: str | None, api_key_
         _fail([f"--api-key-env: environment variable {api_key_env} is not set"])
 
     async def go() -> tuple[list[Inventory], dict[str, Diagnosis]]:
-        clients = [Client(u, u, api_key=Server(name="x", url=u, api_key_env=api_key_env).api_key())
-                   for u in urls]
+        clients = [Client(u, u, api_key=settings.api_key(api_key_env)) for u in urls]
         try:
             with err_console.status(f"auditing {len(urls)} server(s)"):
                 inventories = await take_inventories(clients, smoke_fraction=smoke_fraction, run_smoke=not no_smoke)

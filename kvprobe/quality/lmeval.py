@@ -234,8 +234,7 @@ def make_model(target: Target, on_window: WindowCallback | None = None) -> Any:
         "timeout": int(target.timeout_s),
         "tokenized_requests": True,
         # A non-empty header dict stops lm-eval from sending $OPENAI_API_KEY to our servers.
-        "header": {"Content-Type": "application/json", **target.headers}
-        | ({"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}),
+        "header": {"Content-Type": "application/json", **target.headers} | settings.auth_header(target.api_key),
         "auth_token": target.api_key,
         "custom_prefix_token_id": target.prefix_token_id,
         "on_window": on_window,

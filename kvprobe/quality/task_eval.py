@@ -22,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from kvprobe import settings
 from kvprobe.disk import json_digest
 from kvprobe.errors import ConfigError, Unreadable, one_line
 from kvprobe.quality import lmeval  # also puts every Hugging Face library offline
@@ -169,8 +170,7 @@ def make_chat_model(target: lmeval.Target, on_answer: Callable[[], None] | None 
         "tokenized_requests": False,
         "num_concurrent": target.num_concurrent,
         "timeout": int(target.timeout_s),
-        "header": {"Content-Type": "application/json", **target.headers}
-        | ({"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}),
+        "header": {"Content-Type": "application/json", **target.headers} | settings.auth_header(target.api_key),
         "auth_token": target.api_key,
         "server": target.name,
         "on_answer": on_answer,

@@ -25,6 +25,7 @@ import httptools
 import httpx
 import orjson
 
+from kvprobe import settings
 from kvprobe.errors import AuthError, ServerError, Unreachable, Unreadable
 from kvprobe.server.streaming import NoResponse, StreamPool, proxied
 
@@ -165,9 +166,7 @@ class Client:
         self.retries = retries
         self.backoff_s = backoff_s
         self.timeout_s = timeout_s
-        hdrs = dict(headers or {})
-        if api_key:
-            hdrs["Authorization"] = f"Bearer {api_key}"
+        hdrs = dict(headers or {}) | settings.auth_header(api_key)
         self._http = httpx.AsyncClient(
             base_url=self.url,
             headers=hdrs,
