@@ -167,6 +167,20 @@ def ols(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float, float, float
     return float(b), sd / math.sqrt(float(((x - x.mean()) ** 2).sum())), float(a), r, sd
 
 
+def p_text(passed: float, failed: float, sims: int) -> str:
+    """'P(pass) p [lo, hi]  P(fail) f': a cell's pass rate with its Wilson interval, and its fail rate."""
+    lo, hi = wilson(int(passed), sims)
+    return f"P(pass) {passed / sims:.4f} [{lo:.4f}, {hi:.4f}]  P(fail) {failed / sims:.4f}"
+
+
+def alpha_flag(passed: float, truth: float, sims: int) -> str:
+    """For a candidate on the bar (truth > 0): whether the false-pass rate's interval is over, under or holds 0.025."""
+    if truth <= 0:
+        return ""
+    lo, hi = wilson(int(passed), sims)
+    return "  over 0.025" if lo > sequential.ALPHA else ("  under 0.025" if hi < sequential.ALPHA else "  0.025 inside")
+
+
 def q(x: np.ndarray) -> str:
     fin = x[np.isfinite(x)]
     return f"median {np.median(fin):.4f} p90 {np.quantile(fin, 0.9):.4f} max {fin.max():.4f}"
@@ -606,23 +620,14 @@ def attenuation(noise: str, t_name: str, truth: float, sims: int, lag_cells: dic
                     shift = (block - loss)[~drop]
                     tally[(name, k, v)] += (p.sum(), f.sum(), dr.sum(), shift.sum(), shift.size)
 
-    def flag(passed: float) -> str:
-        if truth <= 0:
-            return ""
-        lo, hi = wilson(int(passed), sims)
-        return "  over 0.025" if lo > sequential.ALPHA else ("  under 0.025" if hi < sequential.ALPHA
-                                                             else "  0.025 inside")
-
-    lo, hi = wilson(int(base[0]), sims)
     print(f"{who:28} truth {truth:.4f}: {sims} paths a cell, drop+spare; the same paths in every cell")
-    print(f"{who:28} {'no client effect':22} {'':4} {'no drop':22} P(pass) {base[0] / sims:.4f} [{lo:.4f}, "
-          f"{hi:.4f}]  P(fail) {base[1] / sims:.4f}{flag(base[0])}")
+    print(f"{who:28} {'no client effect':22} {'':4} {'no drop':22} {p_text(base[0], base[1], sims)}"
+          f"{alpha_flag(base[0], truth, sims)}")
     for name, k, v in keys:
         passed, failed, dropped, shift, n_shift = tally[(name, k, v)]
-        lo, hi = wilson(int(passed), sims)
-        print(f"{who:28} {name:22} k {k:.0f} {v:22} P(pass) {passed / sims:.4f} [{lo:.4f}, {hi:.4f}]  P(fail) "
-              f"{failed / sims:.4f}  blocks dropped {dropped / sims:5.2f}  mean shift of a kept block's loss "
-              f"{shift / n_shift:+.5f}{flag(passed)}")
+        print(f"{who:28} {name:22} k {k:.0f} {v:22} {p_text(passed, failed, sims)}  blocks dropped "
+              f"{dropped / sims:5.2f}  mean shift of a kept block's loss {shift / n_shift:+.5f}"
+              f"{alpha_flag(passed, truth, sims)}")
 
 
 def main() -> None:
@@ -738,16 +743,7 @@ def simulate(noise: str, t_name: str, truth: float, sims: int, cells: dict[str, 
             k = loss[~drop]
             sel[m] += (k.sum(), (k * k).sum(), k.size, loss.sum(), (loss * loss).sum())
 
-    def flag(passed: float) -> str:
-        if truth <= 0:
-            return ""
-        lo, hi = wilson(int(passed), sims)
-        return "  over 0.025" if lo > sequential.ALPHA else ("  under 0.025" if hi < sequential.ALPHA
-                                                             else "  0.025 inside")
-
-    lo, hi = wilson(int(base[0]), sims)
-    print(f"{who:22} {'no drop':24} both    {'':16} P(pass) {base[0] / sims:.4f} [{lo:.4f}, {hi:.4f}]  P(fail) "
-          f"{base[1] / sims:.4f}{flag(base[0])}")
+    print(f"{who:22} {'no drop':24} both    {'':16} {p_text(base[0], base[1], sims)}{alpha_flag(base[0], truth, sims)}")
     for name, per_rule in cells.items():
         for rule, m in per_rule.items():
             sk, sk2, nk, sa, sa2 = sel[m]
@@ -758,9 +754,8 @@ def simulate(noise: str, t_name: str, truth: float, sims: int, cells: dict[str, 
                   f"- all {mk - ma:+.5f} ({(mk - ma) / sda:+.3f} block sd); sd kept / all {sdk / sda:.4f}")
             for a in arms:
                 passed, failed, dropped = tally[(m, a)]
-                lo, hi = wilson(int(passed), sims)
-                print(f"{who:22} {name:24} {rule} {a:16} P(pass) {passed / sims:.4f} [{lo:.4f}, {hi:.4f}]  "
-                      f"P(fail) {failed / sims:.4f}  blocks dropped {dropped / sims:5.2f}{flag(passed)}")
+                print(f"{who:22} {name:24} {rule} {a:16} {p_text(passed, failed, sims)}  blocks dropped "
+                      f"{dropped / sims:5.2f}{alpha_flag(passed, truth, sims)}")
 
 
 if __name__ == "__main__":
