@@ -108,29 +108,31 @@ SCALES = ("KV tokens scale with --kv-memory and the ratios hold at any size: giv
 def _print_tables(mm: MemoryMap, lv: Lever) -> None:
     """The answer first, then the tables behind it (notes, the model's assumptions, on stderr between)."""
     from kvprobe.report.memmap_table import answer_lines, dtype_table, lever_table, summary_table
-    from kvprobe.report.wrap import wrap
 
     for answer in answer_lines(mm, lv):
-        for line in wrap(answer, out_console.width):
-            out_console.print(line, highlight=False, markup=False, soft_wrap=True)
+        _print_wrapped(answer)
     for note in mm.model.notes:
         err_console.print(f"[yellow]note:[/yellow] {note}", highlight=False)
     out_console.print()
     _print_titled(summary_table(mm))
-    for line in wrap(SCALES, out_console.width):
-        out_console.print(line, highlight=False, markup=False, soft_wrap=True)
+    _print_wrapped(SCALES)
     for table in (*(dtype_table(mm, dtype) for dtype in mm.plans), *([lever_table(lv)] if lv.ssm_dtypes else [])):
         _print_titled(table)
+
+
+def _print_wrapped(text: str, style: str | None = None) -> None:
+    """`text` wrapped between words at the terminal's width (kvprobe.report.wrap), no line padded."""
+    from kvprobe.report.wrap import wrap
+
+    for line in wrap(text, out_console.width):
+        out_console.print(line, style=style, highlight=False, markup=False, soft_wrap=True)
 
 
 def _print_titled(table: Table) -> None:
     """A table under its title, the title wrapped at the terminal's width: rich wraps it at the table's, which
     is narrower than the title."""
-    from kvprobe.report.wrap import wrap
-
     title, table.title = str(table.title or ""), None
-    for line in wrap(title, out_console.width):
-        out_console.print(line, style="table.title", highlight=False, markup=False)
+    _print_wrapped(title, style="table.title")
     out_console.print(table)
 
 

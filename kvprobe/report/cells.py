@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from kvprobe.verdict.checks import pct
+from kvprobe.verdict.checks.speed import UNSETTLED_WORDS
 
 # Relative bars: shown as percentages. The others are absolute: answers (needles, task scores) and
 # the answers cut at the cap as fractions with 3 decimals (a signed drop or rise); the agreement bars
@@ -157,9 +158,6 @@ def se_text(check: dict[str, Any]) -> str:
     if block.get("scale") == "log ratio":
         return f"{se:.4f} (log ratio)"
     return value_text(check.get("bar"), se, signed=False)
-
-
-UNSETTLED_WORDS = "this design cannot settle it: lengthen the budget or quiet the servers"
 
 
 def sequential_settle(check: dict[str, Any]) -> str | None:

@@ -30,6 +30,7 @@ GUARD_FACTOR = 2.0  # a guardrail fails only past this multiple of its bar
 # An undecided endpoint whose advice would need more than this multiple of the design's blocks is told that
 # the design cannot settle it: a count like "+24,273 blocks" (a recorded H200 run) is no advice.
 UNSETTLED_FACTOR = 10
+UNSETTLED_WORDS = "this design cannot settle it: lengthen the budget or quiet the servers"
 LATENESS_SAID = 0.001  # a mean lateness correction of a tenth of a percent or more is said in the words
 THROUGHPUT = "output_tokens_per_s"
 LATENCY_ENDPOINTS = {"itl_p99": ("itl_p99_s", "ITL p99"), "tpot_p99": ("tpot_p99_s", "TPOT p99"),
@@ -257,7 +258,7 @@ def endpoint_check(check_id: str, bar_name: str, metric: str, losses: list[float
         more = at.more_blocks if at.more_blocks is not None else sequential._more_blocks(
             at.n, at.mean, at.sd, margin, plan)
         if more and at.n + more > UNSETTLED_FACTOR * plan.n_max:
-            advice = "; this design cannot settle it: lengthen the budget or quiet the servers"
+            advice = f"; {UNSETTLED_WORDS}"
         else:
             advice = (f"; about {more} more blocks would settle it {sequential.ADVICE_POWER:.0%} of the time if the "
                       "estimate holds") if more else ""
