@@ -211,8 +211,22 @@ async def _warm_up(ctx: EvalContext, name: str, shape: Shape, digest: str, run_n
     errors = sum(1 for r in outcome.rows if r["status"] != "ok")
     ctx.run.event("load_warmup", server=name, shape=shape.name, agents=agents, digest=digest,
                   seconds=round(outcome.duration_s, 3), requests=len(outcome.rows), errors=errors)
-    if outcome.dead:
-        ctx.mark_broken(name, outcome.dead)
+    dead = outcome.dead or served_nothing(outcome.rows, "the warm-up")
+    if dead:
+        ctx.mark_broken(name, dead)
+
+
+def served_nothing(rows: list[dict[str, Any]], where: str) -> str | None:
+    """Why a server that still answers /health is not serving: every request of a case failed (a 500 on
+    each, or each cut). Its throughput would be 0, a block the speed checks cannot pair; such a server is
+    broken, as one that died is (healthy is not serving). None when any request succeeded or none was sent."""
+    if not rows or any(r["status"] == "ok" for r in rows):
+        return None
+    first = rows[0]
+    why = first.get("error") or (f"HTTP {first['http_status']}" if first.get("http_status")
+                                 else "a stream cut before its end" if first["status"] == "incomplete"
+                                 else first["status"])
+    return f"every one of its {len(rows)} load requests failed in {where} while /health answered (the first: {why})"
 
 
 async def _drive(ctx: EvalContext, workers: Workers | None, name: str, shape: Shape, agents: int, nonce: str,
@@ -305,9 +319,11 @@ async def _run_unit(ctx: EvalContext, name: str, shape: Shape, agents: int, repe
     record = {**ids, **shape.describe(), "mode": settings.mode, "rate": settings.rate, "nonce": nonce,
               "prefix_cache": notes.get(name), "summary": summary, "metrics": metrics, "client": client,
               "processes": shards, "wall_s": round(time.perf_counter() - t0, 3)}
-    if outcome.dead:
-        ctx.run.event("load_aborted", **record, error=outcome.dead)
-        ctx.mark_broken(name, outcome.dead)
+    where = f"block {repeat + 1} at {agents} agent{'s' if agents > 1 else ''}"
+    dead = outcome.dead or served_nothing(outcome.rows, where)
+    if dead:
+        ctx.run.event("load_aborted", **record, error=dead)
+        ctx.mark_broken(name, dead)
         return
     ctx.run.event("load_case", **record)
     spent.measured_s += outcome.duration_s

@@ -331,6 +331,49 @@ async def test_a_server_dying_under_load_is_marked_broken_and_the_others_go_on(t
     assert len(aborted) == 1 and aborted[0]["summary"]["errors"] == 1
 
 
+@pytest.mark.parametrize("warmup", [False, True])
+async def test_a_server_failing_every_load_request_while_healthy_is_broken(tmp_path: Path, warmup: bool) -> None:
+    # Healthy is not serving: /health answers, yet every chat request gets the real 500 of an engine fault.
+    # Its blocks would carry a throughput of 0, which no paired block can use: unmarked, the speed endpoint
+    # said "0 paired blocks ... inconclusive" and the verdict never named the failures.
+    auto, fp8 = Replay("auto-8101"), Replay("fp8-8102")
+    crash = capture("crash-seed-chunked-prefill", "response")
+    fp8.routes[("POST", "/v1/chat/completions")] = lambda request: httpx.Response(
+        500, content=crash, headers={"content-type": "application/json"})
+    multi = MultiReplay({"127.0.0.1:8101": auto, "127.0.0.1:8102": fp8})
+    run = RunDir.create(tmp_path / "run")
+    outcome = await run_eval(_config({"warmup": warmup}), run, ["load"], Console(file=io.StringIO()),
+                             transport=multi.transport())
+    assert outcome.exit_code == 4  # a server broke during the run
+    where = "the warm-up" if warmup else "block 1 at 1 agent"
+    why = outcome.ctx.broken["fp8"]
+    assert why.startswith(f"every one of its {4 if warmup else 2} load requests failed in {where} while /health "
+                          "answered (the first: fp8: HTTP 500")
+    assert "EngineCore encountered an issue" in why
+    assert _chat_posts(fp8) == (4 if warmup else 2)  # nothing more once it was shown not to serve
+    data = json.loads((run.path / "load.json").read_text())
+    assert data["servers"]["fp8"]["cases"] == [] and data["servers"]["fp8"]["broken"] == why
+    assert [c["agents"] for c in data["servers"]["auto"]["cases"]] == [1, 2]  # the reference went on
+    assert len(list(run.events("load_aborted", server="fp8"))) == (0 if warmup else 1)
+    decision = outcome.ctx.results["verdict"]["decisions"]["fp8"]
+    assert decision["decision"] == "broken"
+    assert any(why in reason for reason in decision["reasons"])
+
+
+def test_served_nothing_needs_every_request_failed() -> None:
+    from kvprobe.probes.load import served_nothing
+
+    ok = {"status": "ok", "error": None, "http_status": None}
+    cut = {"status": "incomplete", "error": None, "http_status": None}
+    refused = {"status": "error", "error": "fp8: connection refused", "http_status": None}
+    assert served_nothing([], "block 1 at 1 agent") is None  # nothing sent: nothing shown
+    assert served_nothing([cut, ok], "block 1 at 1 agent") is None  # one served: a slow or flaky server
+    assert served_nothing([cut, refused], "block 2 at 4 agents") == (
+        "every one of its 2 load requests failed in block 2 at 4 agents while /health answered (the first: "
+        "a stream cut before its end)")
+    assert "(the first: fp8: connection refused)" in served_nothing([refused, cut], "the warm-up")
+
+
 async def test_budgets_and_open_loop_poisson_arrivals(tmp_path: Path) -> None:
     multi = MultiReplay({"127.0.0.1:8101": Replay("auto-8101"), "127.0.0.1:8102": Replay("fp8-8102")})
     console = Console(file=io.StringIO())
