@@ -437,3 +437,28 @@ def test_reach_refuses_a_model_the_server_does_not_serve(tmp_path: Path, monkeyp
     assert result.exit_code == 2
     (line,) = error_lines(result)
     assert line.startswith("error: fp8: model 'not-served' (servers.toml) is not among /v1/models")
+
+
+def test_every_registered_probe_is_planned_worded_costed_and_powered(tmp_path: Path) -> None:
+    """The plan's per-probe switches (settings, their line, the rough time, the power of each gating bar)
+    follow kvprobe.probes.PROBES: a probe added to the registry and missed in one of them fails here."""
+    from kvprobe.config import parse_config
+    from kvprobe.probes import PROBES
+
+    servers = write(tmp_path, SERVERS + '\n[tasks]\nnames = ["kvprobe_qa"]\n')
+    every = ",".join(PROBES)
+    text = check(str(servers), "--max-model-len", "8192", "--probes", every)
+    data = json.loads(check(str(servers), "--max-model-len", "8192", "--probes", every, "--json").stdout)
+    assert text.exit_code == 0, text.output
+    assert list(data["settings"]) == list(PROBES)
+    lines = text.stdout.splitlines()
+    est, power = data["estimate"], data["power"]
+    config = parse_config({"server": [{"name": "a", "url": "http://127.0.0.1:1", "role": "reference"},
+                                      {"name": "b", "url": "http://127.0.0.1:2"}]})
+    for name, probe in PROBES.items():
+        said = next((line for line in lines if line.startswith(f"  {name} ")), "")
+        assert said[len(name) + 2:].strip(), f"{name}: no settings line in the plan"
+        assert name in est["by_probe"] or name in est["not_costed"] or probe.budget == "free", name
+        for bar in plan_mod.gating_bars(config, name):
+            assert (any(c["probe"] == name and c["bar"] == bar for c in power["checks"])
+                    or any(line.startswith(f"{bar} ") for line in power["not_in_product"])), (name, bar)

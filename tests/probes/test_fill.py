@@ -70,7 +70,16 @@ async def test_overrunning_server_is_broken_and_the_healthy_one_holds(tmp_path) 
     assert int8["served_tokens"] + 4097 * 2 >= CLAIMED // 50
     assert int8["fraction_of_claimed"] < 0.03
     assert "fill: failed after serving" in outcome.ctx.broken["int8"]
-    assert run.read_json("verdict.json")["decisions"]["int8"]["decision"] == "broken"
+    verdict = run.read_json("verdict.json")
+    assert verdict["decisions"]["int8"]["decision"] == "broken"
+    # the report's Fill table: the one that held and the one that died, with its error
+    from kvprobe.report.tables import all_tables
+
+    table = next(t for t in all_tables(verdict) if t.title.startswith("Fill:"))
+    rows = {row[0]: row for row in table.rows}
+    assert rows["auto"][-1] == "held" and rows["auto"][3] == "5%"
+    assert rows["int8"][-1].startswith("died: ") and "EngineCore encountered an issue" in rows["int8"][-1]
+    assert table.tags[list(rows).index("int8")] == "broken"
     # every request is new to the prefix cache: its first tokens are random
     prompts = [tuple(p) for p in good.state["prompts"]]
     assert len(set(prompts)) == len(prompts)

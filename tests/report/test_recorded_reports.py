@@ -132,3 +132,27 @@ def test_a_load_probe_with_no_events_log_says_where_the_latencies_would_be(tmp_p
     kvprobe("report", run)
     assert ("*Latency CDFs per server: no events log (events.jsonl or events.jsonl.gz) in the run directory: the "
             "load probe's per-request latencies are kept there*") in (run / "report.md").read_text()
+
+
+def test_every_measured_probe_of_a_recorded_run_has_a_table_of_its_own() -> None:
+    """report/tables.py's per-probe switch follows kvprobe.probes.PROBES: each probe a recorded run measured
+    draws a table that goes when its evidence goes (capacity: the Decisions table's KV tokens column; fill,
+    which no recorded run served, is held by tests/probes/test_fill.py)."""
+    from kvprobe.probes import PROBES
+    from kvprobe.report.tables import all_tables
+
+    seen = set()
+    for name in ALL:
+        verdict = json.loads((RUNS / name / "verdict.json").read_text())
+        whole = [(t.title, t.headers, t.rows) for t in all_tables(verdict)]
+        for probe, data in (verdict.get("probes") or {}).items():
+            if not data:
+                continue
+            without = json.loads(json.dumps(verdict))
+            without["probes"][probe] = None
+            if probe == "capacity":
+                for decision in without["decisions"].values():
+                    decision.pop("kv_cache_tokens", None)
+            assert [(t.title, t.headers, t.rows) for t in all_tables(without)] != whole, (name, probe)
+            seen.add(probe)
+    assert seen == set(PROBES) - {"fill"}
