@@ -8,6 +8,7 @@ fails_at_least; rules/2 checks (older verdicts) have neither, and power as `dete
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -156,8 +157,13 @@ def se_text(check: dict[str, Any]) -> str:
     if se is None:
         return "-"
     if block.get("scale") == "log ratio":
-        return f"{se:.4f} (log ratio)"
+        return log_se_text(se)
     return value_text(check.get("bar"), se, signed=False)
+
+
+def log_se_text(se: float) -> str:
+    """A log ratio's standard error as the share it moves the ratio by (0.0120 is 1.21%), beside % bars."""
+    return f"{math.expm1(se):.2%}"
 
 
 def sequential_settle(check: dict[str, Any]) -> str | None:

@@ -261,7 +261,7 @@ def power_table(v: dict[str, Any]) -> TableData | None:
             seq = c.get("sequential")
             if seq and seq.get("look"):  # a speed endpoint: the sequential design's own figures
                 look = seq["look"]
-                t.rows.append([name, cells.label(c), f"{seq['blocks']} blocks", f"{look['se']:.4f} (log)", "-", "-",
+                t.rows.append([name, cells.label(c), f"{seq['blocks']} blocks", cells.log_se_text(look["se"]), "-", "-",
                                cells.limit_text(c), c["outcome"], cells.sequential_settle(c)])
                 t.tags.append(c["outcome"])
                 continue
@@ -287,7 +287,8 @@ def _power_note(blocks: list[dict[str, Any]]) -> str:
             f"Passes at most: the largest true loss this run passes with power {power:g}; fails at least: the "
             f"smallest it fails with power {power:g} (at this run's size and spread; negative: even a candidate "
             "equal to the reference would likely not pass). se: the standard error of the check's estimate (speed: "
-            "of the log ratio, where its interval is built). To settle it (inconclusive checks): the size at which "
+            "of the log ratio, where its interval is built, shown as the share it moves the ratio by). To settle it "
+            "(inconclusive checks): the size at which "
             "a candidate equal to the reference would pass every gating check of its family together with power "
             f"{power:g}, with its range over the spread's own uncertainty (a run already that large: the estimate, "
             "not the size, holds it back); a client-limited speed check is settled by a quieter client, not by more "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -270,3 +271,21 @@ def test_an_endpoint_its_design_cannot_settle_is_given_no_block_count_anywhere(r
             settle = [text for _, text in candidate_rows(verdict, name) if text.startswith(f"{cells.label(c)}: ")]
             assert settle or d["decision"] != "inconclusive"  # a no_gain twin's decision needs no settling
             assert all(cells.UNSETTLED_WORDS in text and "more blocks" not in text for text in settle)
+
+
+def test_a_speed_endpoints_se_is_a_share_beside_its_percent_bar() -> None:
+    """Its interval is built on the log ratio; the Power table shows that se as the share it moves the ratio by
+    (h100-rules6's fp8: 0.0120 is 1.21%), comparable at a glance with the 5.00% bar beside it."""
+    import orjson
+
+    verdict = orjson.loads((RUNS / "h100-rules6" / "verdict.json").read_bytes())
+    power = tables.power_table(verdict)
+    se = power.headers.index("se")
+    for name, d in verdict["decisions"].items():
+        endpoint = next(c for c in d["checks"] if c["id"] == "load.endpoint.throughput_drop")
+        log_se = endpoint["sequential"]["look"]["se"]
+        row = next(r for r in power.rows if r[0] == name and r[1] == cells.label(endpoint))
+        assert row[se] == f"{math.expm1(log_se):.2%}" and row[power.headers.index("limit")] == "5.00%"
+    fp8 = next(r for r in power.rows if r[0] == "fp8")
+    assert fp8[se] == "1.21%"
+    assert "shown as the share it moves the ratio by" in power.note
