@@ -1,8 +1,9 @@
 """Word wrap that never cuts a figure. Lines break only at spaces, so a number, a percentage or a version
 (`1,048,576`, `+12.97%`, `580.159.04`) stays whole; a bracketed interval (`[0.94, 1.04]`) is one unit, so
-its two ends stay on one line; and a word longer than the line is left whole on a line of its own (a path
-must still paste), never folded. The terminal tables (kvprobe.report.text_table), `compare` and `check`
-wrap their text here."""
+its two ends stay on one line; a bar and the outcome after it (`(bar 0.100) pass`, the summary's) are one
+unit, so a line never ends on "(bar" nor starts on a lone outcome; and a word longer than the line is
+left whole on a line of its own (a path must still paste), never folded. The terminal tables
+(kvprobe.report.text_table), `compare` and `check` wrap their text here."""
 
 from __future__ import annotations
 
@@ -28,13 +29,21 @@ def _units(text: str) -> list[tuple[int, int]]:
                 out.append((start, words[close][1]))
                 i = close + 1
                 continue
+        if text[start:end] == "(bar" and i + 1 < len(words) and text[slice(*words[i + 1])].endswith(")"):
+            following = [text[slice(*w)] for w in words[i + 2:i + 4]]
+            last = i + 1 + (2 if following == ["not", "measured"] else 1 if following[:1] and following[0].isalpha()
+                            else 0)
+            out.append((start, words[last][1]))
+            i = last + 1
+            continue
         out.append((start, end))
         i += 1
     return out
 
 
 def tokens(text: str) -> list[str]:
-    """The unbreakable units of `text`: its words, with the words of a bracketed interval as one."""
+    """The unbreakable units of `text`: its words, with the words of a bracketed interval as one, and a bar
+    with its outcome."""
     return [text[a:b] for a, b in _units(text)]
 
 

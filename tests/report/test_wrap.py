@@ -28,3 +28,17 @@ def test_a_word_wider_than_the_line_stays_whole_and_indents_hold() -> None:
     assert wrap(f"A: {path}: no signature", 80, "", "    ") == ["A:", f"    {path}:", "    no signature"]
     assert wrap("  auto       127.0.0.1:8101  reference", 80, "  ") == ["  auto       127.0.0.1:8101  reference"]
     assert wrap("", 80) == [""]
+
+
+def test_a_bar_and_its_outcome_are_one_unit() -> None:
+    text = "needle answers cut at the cap +0.000 [-0.021, +0.021] (bar 0.100) pass"
+    assert tokens(text)[-2:] == ["[-0.021, +0.021]", "(bar 0.100) pass"]
+    assert tokens("throughput drop (bar 5.00%) not measured")[-1] == "(bar 5.00%) not measured"
+    assert tokens("0.95x (bar 5.00%) inconclusive · guardrails")[-3:] == ["(bar 5.00%) inconclusive", "·",
+                                                                         "guardrails"]
+    assert tokens("(bar 0.100)") == ["(bar 0.100)"]
+    assert tokens("a (bar of soap) here")[:3] == ["a", "(bar", "of"]  # not a bar's figure: words as they are
+    for width in range(20, 70):
+        lines = wrap(text, width)
+        assert all(not line.rstrip().endswith("(bar") and line.strip() != "pass" for line in lines), lines
+        assert " ".join(lines).split() == text.split()
