@@ -319,15 +319,23 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     return out
 
 
-def merge_client(summaries: list[dict[str, Any]]) -> dict[str, Any]:
-    """The case's client figures over its processes: the worst process's, since any one of them
-    running late moves the case's p99s (kvprobe.stats.client_limit.limited reads these keys)."""
+def merge_client(summaries: list[dict[str, Any]], agents: list[int] | None = None) -> dict[str, Any]:
+    """The case's client figures over its processes (`agents`: how many agents each drove; None: alike).
+    The p99s and the CPU share are the worst process's, since any one of them running late moves the case's
+    p99s (kvprobe.stats.client_limit.limited reads these keys). The mean loop lag is the mean over the
+    agents: a turn is late by its own process's lag, so the case's offered load is lighter by the agents'
+    mean lateness, which is what the throughput rules read (lateness_move, paired_lateness); the worst
+    process's would over-correct a case whose other processes kept time."""
     def worst(key: str) -> float | None:
         values = [s[key] for s in summaries if isinstance(s.get(key), int | float)]
         return max(values) if values else None
 
+    weights = agents or [1] * len(summaries)
+    lags = [(s["client_loop_lag_mean_s"], w) for s, w in zip(summaries, weights, strict=True)
+            if isinstance(s.get("client_loop_lag_mean_s"), int | float) and w > 0]
+    mean = sum(lag * w for lag, w in lags) / sum(w for _, w in lags) if lags else None
     stamps = {s.get("client_stamps") for s in summaries}
     return {"client_stamps": "kernel" if stamps == {"kernel"} else "loop",
-            **{k: worst(k) for k in ("client_loop_lag_p99_s", "client_loop_lag_mean_s", "client_read_lag_p99_s",
-                                     "client_cpu_share")},
+            **{k: worst(k) for k in ("client_loop_lag_p99_s", "client_read_lag_p99_s", "client_cpu_share")},
+            "client_loop_lag_mean_s": mean,
             "client_processes": len(summaries), "client_by_process": summaries}

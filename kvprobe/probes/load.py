@@ -274,7 +274,7 @@ async def _sharded(ctx: EvalContext, workers: Workers, name: str, shape: Shape, 
     for problem in sorted({row["unreadable"] for row in rows if row.get("unreadable") and record}):
         ctx.warn(f"{problem}: output tokens counted from the stream")
     outcome = CaseOutcome(rows=rows, t_start=start, dead=next((r.dead for r in results if r.dead), None))
-    return outcome, merge_client([r.client for r in results])
+    return outcome, merge_client([r.client for r in results], [len(range(r.shard, agents, shards)) for r in results])
 
 
 def _on_cpus(ctx: EvalContext) -> bool:

@@ -80,9 +80,9 @@ def lateness_move(ref: dict[str, Any], cand: dict[str, Any]) -> float:
     larger on the faster server: left in, it pulls every ratio toward 1, a slower candidate toward a pass (a
     client 2.4% late lets skewed blocks on the bar pass 3.1% against the design's 2.5%;
     benchmarks/client_limited_selection.py). 0 where either side lacks the figures (or they are not finite
-    numbers), or a client used a whole core (that block is dropped). The lag is the slowest client process's
-    (kvprobe.load.processes.merge_client), so with several processes the correction errs large: toward a
-    slower-looking candidate near the bar."""
+    numbers), or a client used a whole core (that block is dropped). With several client processes the lag
+    is their mean over the agents (kvprobe.load.processes.merge_client): each agent's turns are late by its
+    own process's lag."""
     (full_ref, lag_ref, span_ref), (full_cand, lag_cand, span_cand) = _side(ref), _side(cand)
     if full_ref or full_cand or None in (lag_ref, lag_cand, span_ref, span_cand):
         return 0.0

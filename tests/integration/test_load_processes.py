@@ -68,6 +68,9 @@ def test_two_processes_share_a_case_and_merge_into_one_log(vllm_servers: dict[st
         assert client["client_stamps"] == "kernel"
         # the worst process's figures, each measured in its own process
         assert client["client_cpu_share"] == max(p["client_cpu_share"] for p in client["client_by_process"])
+        # and the mean loop lag over the agents (3 a process): their turns' mean lateness
+        lags = [p["client_loop_lag_mean_s"] for p in client["client_by_process"]]
+        assert client["client_loop_lag_mean_s"] == pytest.approx(sum(lags) / 2)
         rows = [r for r in _events(out, "load_request") if r["unit"] == case["unit"]]
         assert len(rows) == 6 * 2 and all(r["status"] == "ok" for r in rows)
         assert {(r["agent"], r["process"]) for r in rows} == {(a, a % 2) for a in range(6)}

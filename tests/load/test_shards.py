@@ -48,7 +48,7 @@ def test_default_processes_one_per_256_agents_at_most_one_per_core(monkeypatch: 
     assert processes_for(LoadSettings(processes=3), 64) == 3
 
 
-def test_the_case_takes_the_worst_process() -> None:
+def test_the_case_takes_the_worst_process_and_the_agents_mean_lag() -> None:
     calm = {"client_stamps": "kernel", "client_loop_lag_p99_s": 0.001, "client_loop_lag_mean_s": 0.0005,
             "client_read_lag_p99_s": 0.0004, "client_cpu_share": 0.3}
     busy = calm | {"client_loop_lag_p99_s": 0.02, "client_cpu_share": 0.95, "client_read_lag_p99_s": None}
@@ -57,3 +57,12 @@ def test_the_case_takes_the_worst_process() -> None:
     assert merged["client_read_lag_p99_s"] == 0.0004 and merged["client_processes"] == 2
     assert merged["client_stamps"] == "kernel" and merged["client_by_process"] == [calm, busy]
     assert merge_client([calm, busy | {"client_stamps": "loop"}])["client_stamps"] == "loop"
+    # The mean loop lag is what a closed loop's turns were late by on average: over the agents, each late by
+    # its own process's lag, not the slowest process's, which over-corrected the throughput ratio
+    # (kvprobe.stats.client_limit.lateness_move).
+    late = calm | {"client_loop_lag_mean_s": 0.0035}
+    assert merged["client_loop_lag_mean_s"] == 0.0005
+    assert merge_client([calm, late])["client_loop_lag_mean_s"] == 0.002
+    assert merge_client([calm, late], [3, 1])["client_loop_lag_mean_s"] == 0.00125  # 3 agents calm, 1 late
+    assert merge_client([calm, late | {"client_loop_lag_mean_s": None}])["client_loop_lag_mean_s"] == 0.0005
+    assert merge_client([calm | {"client_loop_lag_mean_s": None}])["client_loop_lag_mean_s"] is None
