@@ -24,7 +24,7 @@ import orjson
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvprobe.errors import ConfigError, ServerError
-from kvprobe.probes.perplexity import is_server_failure, one_line, ordered_active, targets_for, tokenized_passages
+from kvprobe.probes.perplexity import broken_or_raise, ordered_active, targets_for, tokenized_passages
 from kvprobe.quality.divergence import Comparison, TopK, compare, parse_prompt_logprobs
 from kvprobe.quality.own_data import task_source
 from kvprobe.quality.passages import split_ids
@@ -132,9 +132,7 @@ class _Comparing:
             try:
                 self.ref_positions[doc] = await self.fetch(ref, doc)
             except Exception as exc:
-                if not is_server_failure(exc):
-                    raise
-                self.ctx.mark_broken(ref, f"agreement: {one_line(exc)}")
+                broken_or_raise(self.ctx, ref, "agreement", exc)
                 return False
             self.progress.advance(task_id)
         return True
@@ -157,9 +155,7 @@ class _Comparing:
             try:
                 positions = await self.fetch(name, doc)
             except Exception as exc:
-                if not is_server_failure(exc):
-                    raise
-                ctx.mark_broken(name, f"agreement: {one_line(exc)}")
+                broken_or_raise(ctx, name, "agreement", exc)
                 return
         result = compare(self.ref_positions[doc], positions)
         self.done[(name, doc)] = result

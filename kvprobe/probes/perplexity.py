@@ -67,6 +67,14 @@ def is_server_failure(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and "RemoteTokenizer" in str(exc)
 
 
+def broken_or_raise(ctx: EvalContext, name: str, what: str, exc: BaseException) -> None:
+    """A request to `name` that raised `exc` in an lm-eval probe: a server failure marks it broken, with `what`
+    and the error's first line; anything else is a bug here or in lm-eval, raised as it is."""
+    if not is_server_failure(exc):
+        raise exc
+    ctx.mark_broken(name, f"{what}: {one_line(exc)}")
+
+
 async def tokenized_passages(ctx: EvalContext, probe: str, target: Target, task: str, limit: int | None,
                              tasks_dir: Path) -> tuple[list[Any], int | None, list[list[int]]] | None:
     """The task's passages and their token ids from the reference's tokenizer (the same ids go to
@@ -78,9 +86,7 @@ async def tokenized_passages(ctx: EvalContext, probe: str, target: Target, task:
         try:
             prefix, ids = await asyncio.to_thread(lmeval.tokenize, target, passages)
         except Exception as exc:
-            if not is_server_failure(exc):
-                raise
-            ctx.mark_broken(target.name, f"{probe}: tokenizing the passages: {one_line(exc)}")
+            broken_or_raise(ctx, target.name, f"{probe}: tokenizing the passages", exc)
             return None
     return passages, prefix, ids
 
@@ -214,9 +220,7 @@ class _Scoring:
             result = await asyncio.to_thread(lmeval.evaluate, self.targets[name], self.task, self.settings.limit,
                                              on_window, self.tasks_dir)
         except Exception as exc:
-            if not is_server_failure(exc):
-                raise
-            self.ctx.mark_broken(name, f"perplexity: {one_line(exc)}")
+            broken_or_raise(self.ctx, name, "perplexity", exc)
             return False
         tokens = {p.index: p.tokens for p in self.plans}
         got = [DocRow(d.index, d.loglikelihood, d.words, d.bytes, tokens[d.index]) for d in result.docs]

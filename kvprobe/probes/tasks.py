@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from kvprobe.corpus import TASKS_DIR
 from kvprobe.disk import json_digest
 from kvprobe.errors import ConfigError
-from kvprobe.probes.perplexity import is_server_failure, one_line, ordered_active, targets_for
+from kvprobe.probes.perplexity import broken_or_raise, ordered_active, targets_for
 from kvprobe.quality import lmeval
 from kvprobe.quality.task_eval import SampleRow, TaskInfo, evaluate_task, load_task
 from kvprobe.quality.task_stats import accuracy
@@ -141,9 +141,7 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
                     evaluate_task, targets[name], info, settings.limit, settings.max_gen_toks, tasks_dir,
                     settings.registry, lambda bar=bar: progress.advance(bar))
             except Exception as exc:
-                if not is_server_failure(exc):
-                    raise
-                ctx.mark_broken(name, f"tasks {info.name}: {one_line(exc)}")
+                broken_or_raise(ctx, name, f"tasks {info.name}", exc)
                 return
             progress.update(bar, completed=info.documents)
             key = keys[info.name]
