@@ -228,3 +228,55 @@ def test_a_candidate_on_the_bar_is_inconclusive_and_told_the_design_cannot_settl
     assert "this design cannot settle it: lengthen the budget or quiet the servers" in endpoint["text"]
     assert h100_6["decisions"]["fp8"]["decision"] == "inconclusive"
     assert h100_6["recommendation"]["server"] == "auto" and not h100_6["recommendation"]["change"]
+
+
+# Every default probe and the QA task at the shipped sizes and bars, on an H100 under rules/6
+# (tests/fixtures/runs/h100-full-rules6): the reference, its A/A twin and fp8, in a 720 s load budget.
+H100_FULL = "h100-full-rules6"
+QUALITY = ("perplexity.delta", "needle.recall_drop", "needle.truncation_rise", "tasks.kvprobe_qa.drop",
+           "tasks.kvprobe_qa.truncation_rise")
+
+
+@pytest.fixture(scope="module")
+def h100_full() -> dict:
+    return orjson.loads((RUNS / H100_FULL / "verdict.json").read_bytes())
+
+
+def test_at_the_shipped_sizes_an_equal_twin_and_fp8_pass_every_quality_bar_on_the_gpu(h100_full: dict) -> None:
+    """The sizes planned for power (17 passages, 180 needles, 180 QA documents) pass every quality bar of a
+    candidate equal to the reference by construction, and of fp8, which holds quality on this card; so each
+    one's decision is its capacity's and its speed's alone."""
+    for cand in ("twin", "fp8"):
+        checks = _checks(h100_full, cand)
+        for check_id in QUALITY:
+            assert checks[check_id]["outcome"] == "pass", checks[check_id]["text"]
+        assert checks["needle.recall_drop"]["pairs"] == 180
+        assert checks["perplexity.delta"]["power"]["n"] == 17
+        reasons = h100_full["decisions"][cand]["reasons"]
+        assert not any(r.startswith("not shown to pass: ") and "throughput" not in r for r in reasons), reasons
+    # the twin: speed passes at a planned look before the last, capacity 1.00x: no_gain
+    twin = _checks(h100_full, "twin")["load.endpoint.throughput_drop"]
+    seq = twin["sequential"]
+    assert twin["outcome"] == "pass" and seq["look"]["n"] in seq["design"]["looks"][:-1]
+    assert h100_full["decisions"]["twin"]["decision"] == "no_gain"
+    # fp8: 2.00x, every quality bar passed, speed the one thing not shown: inconclusive, with what would settle it
+    fp8 = _checks(h100_full, "fp8")["load.endpoint.throughput_drop"]
+    lo, hi = fp8["ratio_interval"]
+    assert fp8["outcome"] == "inconclusive" and lo < 1 - fp8["limit"] < hi
+    assert fp8["sequential"]["look"]["n"] == fp8["sequential"]["design"]["looks"][-1]
+    d = h100_full["decisions"]["fp8"]
+    assert d["decision"] == "inconclusive" and d["reasons"][0].startswith("not shown to pass: throughput drop")
+    assert [r for r in d["reasons"] if r.startswith("not shown to pass: ")] == [d["reasons"][0]]
+    assert not h100_full["recommendation"]["change"]
+
+
+def test_the_full_gpu_run_rebuilt_from_its_events_reaches_the_recorded_decisions(h100_full: dict, tmp_path) -> None:
+    _, again = rejudge(H100_FULL, tmp_path)
+
+    def judged(v: dict) -> dict:
+        return {(name, c["id"]): (c["outcome"], c.get("value"), c.get("interval"))
+                for name, d in v["decisions"].items() for c in d.get("checks", [])}
+
+    assert {n: d["decision"] for n, d in again["decisions"].items()} == \
+        {n: d["decision"] for n, d in h100_full["decisions"].items()}
+    assert judged(again) == judged(h100_full) and again["exit_code"] == h100_full["exit_code"] == 1
