@@ -56,23 +56,16 @@ def say_sizing(ctx: EvalContext, probes: list[str]) -> None:
 
 def say_power(ctx: EvalContext, inventories: list[Inventory], probes: list[str]) -> None:
     """The plan's power for a candidate equal to the reference and, under 0.8, the sizes that would reach it
-    (kvprobe.evaluate.power_plan), said before the probes start and kept in the events log as `power_plan`.
-    Each size is costed at the slowest first-prefill smoke's speed, when one was measured. The load budget is
-    not: the smoke prices one long prompt, where the load's short turns batch several times faster (the
-    load probe's pilot times real blocks and re-plans)."""
-    from kvprobe.evaluate.power_plan import lines, plan_power
-    from kvprobe.run.budget import Speed, smoke_rate
+    (kvprobe.evaluate.power_plan.plan_at_the_servers), said before the probes start and kept in the events log
+    as `power_plan`."""
+    from kvprobe.evaluate.power_plan import lines, plan_at_the_servers
 
     documents = None
     if "tasks" in probes:
         from kvprobe.probes.tasks import preflight
 
         documents = {info.name: info.documents for info in preflight(ctx.config)}  # cached: no second load
-    lengths = [inv.max_model_len for inv in inventories if inv.serving and inv.max_model_len]
-    rate = smoke_rate(inventories)
-    plan = plan_power(ctx.config, probes, documents=documents, max_model_len=min(lengths, default=8192),
-                      speeds=(Speed(rate),) if rate else (), load_paces=())
-    data = plan.as_dict()
+    data = plan_at_the_servers(ctx.config, probes, inventories, documents).as_dict()
     for line in lines(data):
         ctx.console.print(escape(line), highlight=False, soft_wrap=True)
     if next(ctx.run.events("power_plan"), None) is None:  # a resumed run recorded it when it started

@@ -35,7 +35,7 @@ from kvprobe import knob as knobs
 from kvprobe.config import Config, NeedleSettings, Server, shared_urls, unset_keys
 from kvprobe.errors import ConfigError, KvprobeError, NotModelled, ServerError
 from kvprobe.evaluate import power_plan
-from kvprobe.evaluate.power_plan import span
+from kvprobe.evaluate.power_plan import FAST_LOAD, SLOW_LOAD, span
 from kvprobe.probes import PROBES, default_probes, ordered
 from kvprobe.probes import load as load_probe
 from kvprobe.run.budget import LoadPace, Speed
@@ -46,14 +46,6 @@ from kvprobe.run.budget import LoadPace, Speed
 # small model; ~5 ms a token is what the H200's single-agent load cases took (tests/fixtures/runs/h200-gpu).
 FAST = Speed(20_000.0, 0.005)
 SLOW = Speed(1_000.0, 0.03)
-# The load probe's paces, fitted to recorded load cases of needle-llama (4 turns of 256 tokens, 64-token
-# answers, 1-16 agents), case time = turns x (agents x fresh tokens / rate + answer tokens x decode step):
-# the fast end an H100's (tests/fixtures/runs/h100-pinned: 1.6-2.0 s cases, 0.44 s around each once the
-# servers are quiet), the slow end the AVX2-only EPYC's (amd-avx2-demo: 2.7-12.4 s cases; on CPUs the
-# settle_s pause is slept whole). Each gives its run's block time within 5% (tests/load/test_paces.py); the
-# long-prompt SLOW above priced the CPU blocks 2-4x too slow.
-FAST_LOAD = LoadPace(64_000.0, 0.006, 0.45)
-SLOW_LOAD = LoadPace(2_800.0, 0.008)
 # A context to cost prompts with when none is known: vLLM's common default for small models.
 ASSUMED_MAX_MODEL_LEN = 8192
 REACH_TIMEOUT_S = 30.0

@@ -16,7 +16,9 @@ project's own rule at a stated spread, never a normal approximation of it:
 - speed: the declared sequential design (kvprobe.stats.sequential.of_settings) simulated by
   `operating` at a block spread of BLOCK_SPREAD (the CPU demos'), seeded, over the whole design (or, where
   budget_s holds fewer blocks, over the design the pilot fits to them), with what it becomes at the H200
-  runs' GPU_SPREAD beside it.
+  runs' GPU_SPREAD beside it. `eval` knows what the servers run on (kvprobe.server.platform): on GPU servers
+  it plans at GPU_SPREAD and costs the budget at FAST_LOAD, on CPU servers at BLOCK_SPREAD and from
+  XEON_LOAD down to SLOW_LOAD (PLATFORM_ASSUMED), all a 5M model's; the load probe's pilot re-plans at its own.
 
 P(adopt | equal) is the product of the gating checks' probabilities: it treats them as independent. The
 capacity gain is no sampled figure (a candidate frees memory or does not) and an agreement bar has no
@@ -37,7 +39,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from kvprobe.config import Config
 from kvprobe.run.budget import LoadPace, Speed, load_pace
@@ -54,6 +56,33 @@ BLOCK_SPREAD = 0.049
 # The H200 runs of needle-llama (vLLM 0.26, the default budget): 0.047 to 0.117 over 7 blocks, 0.076 in the
 # middle (tests/fixtures/runs/h200-*, docs/speed.md). The plan says what its speed figure becomes there.
 GPU_SPREAD = 0.076
+# The load probe's paces, fitted to recorded load cases of needle-llama (4 turns of 256 tokens, 64-token
+# answers, 1-16 agents), case time = turns x (agents x fresh tokens / rate + answer tokens x decode step):
+# the fast end an H100's (tests/fixtures/runs/h100-pinned: 1.6-2.0 s cases, 0.44 s around each once the
+# servers are quiet), the slow end the AVX2-only EPYC's (amd-avx2-demo: 2.7-12.4 s cases; on CPUs the
+# settle_s pause is slept whole). Each gives its run's block time within 5% (tests/load/test_paces.py); the
+# first-prefill smoke's long-prompt rate priced the CPU blocks 2-4x too slow. `check` costs at both ends. A
+# 2-core Intel Xeon with AMX ran the same blocks twice as fast as the EPYC (xeon-amx-rules6: 1.1-3.1 s cases,
+# 2.15 s around each, a block of 2 servers in 41 s; xeon-amx-demo 57 s for 3): the fast end of CPU servers.
+FAST_LOAD = LoadPace(64_000.0, 0.006, 0.45)
+SLOW_LOAD = LoadPace(2_800.0, 0.008)
+XEON_LOAD = LoadPace(13_600.0, 0.0042, 2.15)
+
+
+class Assumed(NamedTuple):
+    """What eval assumes of the speed blocks before the pilot, for servers of one platform."""
+
+    paces: tuple[tuple[LoadPace, str], ...]  # each pace, and whose recorded blocks (a 5M model's) it fits
+    spread: float
+    servers: str  # whose: "GPU servers"
+    spread_from: str  # the recorded runs the spread was measured on
+
+
+PLATFORM_ASSUMED: dict[str, Assumed] = {
+    "cuda": Assumed(((FAST_LOAD, "an H100's"),), GPU_SPREAD, "GPU servers", "the H200 runs'"),
+    "cpu": Assumed(((XEON_LOAD, "a 2-core Xeon's"), (SLOW_LOAD, "a 2-core AVX2-only EPYC's")), BLOCK_SPREAD,
+                   "CPU servers", "the 2-core CPU demos'"),
+}
 # The sd of a passage's log-perplexity rise per byte, fp8 against auto on the Xeon demo
 # (tests/fixtures/runs/xeon-amx-demo; its delta's se over 16 passages was 0.28%).
 PASSAGE_SPREAD = 0.0112
@@ -334,16 +363,27 @@ def _share(units: list[_Unit], fixed: float) -> dict[str, int | None]:
         kept.update({u.probe: u.have for u in over})
 
 
+def assumed_for(devices: Sequence[str | None]) -> str | None:
+    """The PLATFORM_ASSUMED key eval plans speed at, for servers on `devices` ("cuda", "cpu", None: not said):
+    "cuda" when every server runs on a GPU, "cpu" when any runs on a CPU and every one said; else None (the
+    budget is not costed, the spread is the CPU demos')."""
+    kinds = set(devices)
+    if not kinds or None in kinds:
+        return None
+    return "cpu" if "cpu" in kinds else "cuda"
+
+
 def plan_power(config: Config, probes: Sequence[str], *, documents: dict[str, int] | None = None,
                passages: int | None = None, servers: int | None = None, max_model_len: int = 8192,
                speeds: Sequence[Speed] = (), disagreement: float = DISAGREEMENT, cut_disagreement: float | None = None,
                passage_spread: float = PASSAGE_SPREAD, block_spread: float = BLOCK_SPREAD,
-               load_paces: Sequence[LoadPace] | None = None) -> PowerPlan:
+               load_paces: Sequence[LoadPace] | None = None, platform: str | None = None) -> PowerPlan:
     """The power of `probes` as `config` sizes them. `documents`: each task's documents (its preflight);
     `passages`: the perplexity passages (planned_passages when None); `speeds`: what each size is costed
     at (none: no time); `cut_disagreement`: the share of cut-at-the-cap answers that flip (default d);
     `load_paces`: the paces [load] budget_s and more blocks are costed at (default: `speeds` as paces, see
-    load_pace; none: not costed)."""
+    load_pace; none: not costed); `platform`: a PLATFORM_ASSUMED key, when the paces and `block_spread` are
+    that platform's (assumed_for), which the words then say."""
     d = disagreement
     d_cut = d if cut_disagreement is None else cut_disagreement
     servers = servers or len(config.servers)
@@ -373,16 +413,16 @@ def plan_power(config: Config, probes: Sequence[str], *, documents: dict[str, in
                                                 stop=stop)))
         else:
             left.append(latency_not_gated(config.bars.p99_latency_rise_max))
-        budget_note = budget_said(config, servers, paces, stops)
+        budget_note = budget_said(config, servers, paces, stops, block_spread, platform)
     assumed = {"disagreement": d, "cut_disagreement": d_cut, "passage_spread": passage_spread,
-               "block_spread": block_spread, "speed_sims": SPEED_SIMS,
+               "block_spread": block_spread, "speed_sims": SPEED_SIMS, "platform": platform,
                "speeds": [{"prompt_tokens_per_s": s.prompt_tokens_per_s, "s_per_decoded_token": s.s_per_decoded_token}
                           for s in speeds],
                "load_paces": [p._asdict() for p in paces]}
     out = PowerPlan(checks, math.prod(c.p_pass for c in checks), assumed, left)
     if budget_note:
         out.caveats.append(budget_note)
-    if "load" in probes and not load.advisory and block_spread < GPU_SPREAD:
+    if "load" in probes and not load.advisory and block_spread < GPU_SPREAD and platform is None:
         out.caveats.append(measured_speed(load, config.bars.throughput_drop_max, block_spread, stop))
     if out.reaches or not units:
         if not out.reaches:
@@ -413,6 +453,26 @@ def plan_power(config: Config, probes: Sequence[str], *, documents: dict[str, in
     return out
 
 
+def plan_at_the_servers(config: Config, probes: Sequence[str], inventories: Sequence[Any],
+                        documents: dict[str, int] | None = None) -> PowerPlan:
+    """The plan eval says before its probes, from what the inventory found (kvprobe.server.inventory): each size
+    costed at the slowest first-prefill smoke's speed, when one was measured; speed planned at the spread, and
+    the load budget costed at the paces, of the platform the serving servers report (PLATFORM_ASSUMED). The
+    smoke prices one long prompt, where the load's short turns batch several times faster, so it never prices
+    the blocks; the load probe's pilot times real ones and re-plans."""
+    from kvprobe.run.budget import smoke_rate
+
+    serving = [inv for inv in inventories if inv.serving]
+    lengths = [inv.max_model_len for inv in serving if inv.max_model_len]
+    rate = smoke_rate(list(inventories))
+    platform = assumed_for([inv.platform.device if inv.platform else None for inv in serving])
+    said = PLATFORM_ASSUMED.get(platform or "")
+    return plan_power(config, probes, documents=documents, max_model_len=min(lengths, default=8192),
+                      speeds=(Speed(rate),) if rate else (),
+                      load_paces=tuple(pace for pace, _ in said.paces) if said else (),
+                      block_spread=said.spread if said else BLOCK_SPREAD, platform=platform)
+
+
 def measured_speed(load: Any, bar: float, assumed: float, stop: int | None = None) -> str:
     """The speed endpoint's P(pass | equal) at the H200 runs' spread, beside the one planned at."""
     p = speed_pass(load, bar, GPU_SPREAD, stop=stop)
@@ -424,9 +484,10 @@ def measured_speed(load: Any, bar: float, assumed: float, stop: int | None = Non
             "what would settle it")
 
 
-def budget_said(config: Config, servers: int, paces: Sequence[LoadPace], stops: list[int | None]) -> str | None:
-    """What [load] budget_s does to the speed figure: the blocks it holds at each pace, or that it is not
-    costed."""
+def budget_said(config: Config, servers: int, paces: Sequence[LoadPace], stops: list[int | None],
+                spread: float = BLOCK_SPREAD, platform: str | None = None) -> str | None:
+    """What [load] budget_s does to the speed figure: the blocks it holds at each pace (with whose blocks each
+    pace was fitted to, when they are `platform`'s), or that it is not costed."""
     from kvprobe.probes.load import block_seconds
 
     load = config.load
@@ -441,15 +502,23 @@ def budget_said(config: Config, servers: int, paces: Sequence[LoadPace], stops: 
     if all(n is None for n in stops):
         return None
     bar = config.bars.throughput_drop_max
+    said = PLATFORM_ASSUMED.get(platform or "")
+    whose = dict(said.paces) if said else {}
+
+    def note(pace: LoadPace, n: int | None) -> str:
+        parts = ([whose[pace]] if pace in whose else []) + (
+            [f"speed P(pass | equal) {speed_pass(load, bar, spread, stop=n):.3f}"] if len(paces) > 1 else [])
+        return f" ({'; '.join(parts)})" if parts else ""
+
     held = [f"{'all' if n is None else f'about {n}'} of the design's {load.blocks} blocks at "
-            f"{block_seconds(config, servers, s)[1]:.0f} s a block"
-            + (f" (speed P(pass | equal) {speed_pass(load, bar, stop=n):.3f})" if len(paces) > 1 else "")
+            f"{block_seconds(config, servers, s)[1]:.0f} s a block{note(s, n)}"
             for s, n in zip(paces, stops, strict=True)]
     stop = _most(stops)
     planned = (f"as a design of {stop} blocks, the one the pilot fits to what the budget holds" if stop is not None
                else "over the whole design")
-    return (f"[load] budget_s {load.budget_s:g} s holds {'; '.join(held)}: speed is planned {planned}; the "
-            "pilot re-plans at the blocks' measured time")
+    assumed = f", a 5M model's blocks assumed for {said.servers} (a larger model's are longer)" if said else ""
+    return (f"[load] budget_s {load.budget_s:g} s holds {'; '.join(held)}{assumed}: speed is planned {planned}; "
+            "the pilot re-plans at the blocks' measured time")
 
 
 MOST_BLOCKS = 400  # past this a design is no plan: the cases must be longer or the servers quieter
@@ -546,7 +615,9 @@ def lines(data: dict[str, Any]) -> list[str]:
     if "perplexity" in probes:
         model.append(f"passages' perplexity rise spread {a['passage_spread']:.2%}")
     if "load" in probes:
-        model.append(f"speed blocks spread {a['block_spread']:g} (log ratio, {a['speed_sims']:,} seeded runs)")
+        said = PLATFORM_ASSUMED.get(a.get("platform") or "")
+        source = f", {said.spread_from} assumed for {said.servers}" if said else ""
+        model.append(f"speed blocks spread {a['block_spread']:g} (log ratio{source}, {a['speed_sims']:,} seeded runs)")
     out = ["power: P(pass | equal) per gating check, for a candidate equal to the reference"
            + (f": {'; '.join(model)}" if model else "")]
     for c in data["checks"]:

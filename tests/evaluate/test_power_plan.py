@@ -305,3 +305,78 @@ def test_the_shipped_sizes_reject_twice_a_bar_with_0_8() -> None:
     bar = bars.perplexity_delta_max
     assert pp.perplexity_fail(passages, bar, 2 * bar) >= 0.8
     assert pp.perplexity_fail(passages, bar, bar) < 0.025 + 1e-9  # at the bar it fails at most nominally
+
+
+def test_eval_plans_speed_at_the_platform_every_server_reports() -> None:
+    assert pp.assumed_for(["cuda", "cuda"]) == "cuda"
+    assert pp.assumed_for(["cuda", "cpu"]) == "cpu"  # the slower: a block waits for every server
+    assert pp.assumed_for(["cuda", None]) is None and pp.assumed_for([]) is None  # one unsaid: nothing assumed
+    gpu, cpu = pp.PLATFORM_ASSUMED["cuda"], pp.PLATFORM_ASSUMED["cpu"]
+    assert [pace for pace, _ in gpu.paces] == [FAST_LOAD] and gpu.spread == pp.GPU_SPREAD
+    assert [pace for pace, _ in cpu.paces] == [pp.XEON_LOAD, SLOW_LOAD] and cpu.spread == pp.BLOCK_SPREAD
+
+
+def _recorded(run: str):
+    import glob
+    import json
+
+    from recorded import RUNS, _config
+
+    from kvprobe.server.inventory import Inventory
+
+    config = _config(json.loads((RUNS / run / "run.json").read_text()))
+    inventories = [Inventory.from_dict(json.loads(Path(f).read_text()))
+                   for f in sorted(glob.glob(str(RUNS / run / "inventory" / "*.json")))]
+    return config, inventories
+
+
+def test_on_gpu_servers_the_plan_is_at_the_gpus_pace_and_spread_not_the_whole_design() -> None:
+    """tests/fixtures/runs/h100-full-rules6: before its probes eval printed P(adopt | equal) = 0.926, speed 1.000
+    over the design's 64 blocks at the CPU demos' spread, where its 720 s budget held 21 blocks and its pilot
+    found an equal candidate passing with P ~ 0.16. Planned at what the servers report (GPUs), the budget is
+    costed at an H100's blocks and speed at the H200 runs' spread."""
+    import gzip
+    import json
+
+    from recorded import RUNS
+
+    config, inventories = _recorded("h100-full-rules6")
+    probes = ["capacity", "perplexity", "agreement", "needle", "tasks", "load"]
+    plan = pp.plan_at_the_servers(config, probes, inventories, {"kvprobe_qa": QA_DOCUMENTS})
+    speed = next(c for c in plan.checks if c.id == "load.endpoint.throughput_drop")
+    held = pp.budget_stops(config, len(config.servers), [FAST_LOAD])[0]
+    assert held is not None and speed.n == held < config.load.max_blocks
+    assert speed.p_pass == pp.speed_pass(config.load, 0.05, pp.GPU_SPREAD, stop=held)
+    with gzip.open(RUNS / "h100-full-rules6" / "events.jsonl.gz", "rt") as lines:
+        events = [json.loads(line) for line in lines]
+    said = next(e for e in events if e["kind"] == "power_plan")["p_adopt_equal"]
+    pilot = next(e for e in events if e["kind"] == "load_plan")["plan"]["p_pass_equal_at_pilot"]
+    assert abs(speed.p_pass - pilot) < abs(1.0 - pilot) and plan.p_adopt < 0.5 < said
+    text = pp.lines(plan.as_dict())
+    assert any("speed blocks spread 0.076 (log ratio, the H200 runs' assumed for GPU servers" in line for line in text)
+    budget = next(c for c in plan.caveats if c.startswith("[load] budget_s 720 s holds"))
+    assert f"about {held} of the design's 64 blocks" in budget
+    assert ("blocks at 32 s a block (an H100's), a 5M model's blocks assumed for GPU servers (a larger model's are "
+            "longer)") in budget
+    assert not any(c.startswith("speed is planned at a block spread") for c in plan.caveats)  # it is the GPU's
+
+
+def test_on_cpu_servers_the_budget_is_costed_from_a_xeons_pace_to_an_epycs_and_unsaid_platforms_cost_nothing(
+) -> None:
+    """The figure is at the faster CPU's pace (the most blocks the budget can hold), the caveat gives the slower's,
+    as `check` does with its two ends."""
+    config, inventories = _recorded("xeon-amx-rules6")
+    plan = pp.plan_at_the_servers(config, ["capacity", "load"], inventories)
+    speed = next(c for c in plan.checks if c.id == "load.endpoint.throughput_drop")
+    fast, slow = pp.budget_stops(config, len(config.servers), [pp.XEON_LOAD, SLOW_LOAD])
+    assert fast is not None and slow is not None and slow < fast
+    assert speed.n == fast and speed.p_pass == pp.speed_pass(config.load, 0.05, pp.BLOCK_SPREAD, stop=fast)
+    budget = next(c for c in plan.caveats if c.startswith("[load] budget_s 2400 s holds"))
+    assert f"about {fast} of the design's 64 blocks" in budget and "(a 2-core Xeon's; speed P(pass | equal)" in budget
+    assert f"about {slow} of the design's 64 blocks" in budget and "(a 2-core AVX2-only EPYC's; speed" in budget
+    assert "assumed for CPU servers" in budget
+    for inv in inventories:
+        inv.platform = None  # a server that did not say what it runs on
+    unsaid = pp.plan_at_the_servers(config, ["capacity", "load"], inventories)
+    assert next(c for c in unsaid.checks if c.id == "load.endpoint.throughput_drop").n == config.load.max_blocks
+    assert unsaid.caveats[0].startswith("[load] budget_s 2400 s is not costed before the pilot")

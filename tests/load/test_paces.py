@@ -1,6 +1,6 @@
-"""`kvprobe check`'s load paces (kvprobe.evaluate.plan FAST_LOAD, SLOW_LOAD) against the recorded runs they
-were fitted to: the block time the rough model gives is the block time the run took. Replayed from
-tests/fixtures/runs; nothing is measured."""
+"""The load paces (kvprobe.evaluate.power_plan FAST_LOAD, XEON_LOAD, SLOW_LOAD) against the recorded runs they
+were fitted to and later runs of the same platform: the block time the rough model gives is the block time the
+run took. Replayed from tests/fixtures/runs; nothing is measured."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from recorded import RUNS
 
 from kvprobe.config import load_config
 from kvprobe.evaluate.plan import FAST_LOAD, SLOW, SLOW_LOAD
+from kvprobe.evaluate.power_plan import XEON_LOAD
 from kvprobe.probes.load import block_seconds
 from kvprobe.run.budget import LoadPace, load_pace
 
@@ -31,7 +32,9 @@ def _recorded_block_s(run: str) -> tuple[int, float]:
     return servers, span / (len(cases) - 1) * per_block
 
 
-@pytest.mark.parametrize(("run", "pace"), [("h100-pinned", FAST_LOAD), ("amd-avx2-demo", SLOW_LOAD)])
+@pytest.mark.parametrize(("run", "pace"), [("h100-pinned", FAST_LOAD), ("amd-avx2-demo", SLOW_LOAD),
+                                          ("xeon-amx-rules6", XEON_LOAD), ("xeon-amx-demo", XEON_LOAD),
+                                          ("h100-full-rules6", FAST_LOAD)])
 def test_each_pace_gives_its_runs_block_time(run: str, pace: LoadPace) -> None:
     servers, took = _recorded_block_s(run)
     _, block = block_seconds(load_config(ROOT / "servers.toml"), servers, pace)
