@@ -21,6 +21,7 @@ drift) are shown as it reads them (kvprobe.evaluate.canary.compare_with_baseline
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -480,8 +481,14 @@ def conclusion(result: dict[str, Any]) -> str:
     return head
 
 
-def describe(result: dict[str, Any]) -> list[str]:
-    """The comparison in lines, for the terminal and a CI log: the conclusion first, then what it rests on."""
+def _gating(change: dict[str, Any]) -> bool:
+    return bool((change["b"] or change["a"] or {}).get("gating", True))
+
+
+def describe(result: dict[str, Any], verbose: bool = False) -> list[str]:
+    """The comparison in lines, for the terminal and a CI log: the conclusion first, then what it rests on.
+    The checks that never gate (the speed guardrails, 20 a candidate) are one count line unless `verbose` or
+    one of them went pass -> fail: listed, they were most of a 122-line comparison."""
     lines = [result["conclusion"]]
     for label in ("a", "b"):
         side = result[label]
@@ -500,11 +507,19 @@ def describe(result: dict[str, Any]) -> list[str]:
                      f"{_ratio(c['capacity_ratio']['a'])} -> {_ratio(c['capacity_ratio']['b'])} "
                      f"({_tokens(c['kv_cache_tokens']['a'])} -> {_tokens(c['kv_cache_tokens']['b'])} KV tokens)"
                      + mark)
-        for ch in c["checks"]:
+        folded = [ch for ch in c["checks"] if not (verbose or ch["regression"] or _gating(ch))]
+        for ch in (ch for ch in c["checks"] if ch not in folded):
             tag = "  REGRESSION" if ch["regression"] else f"  ({ch['direction']})" if ch["direction"] != "same" else ""
             was, now = _check_text(ch["a"]), _check_text(ch["b"])
             finer = " (moved by less than the figures show)" if was == now else ""
             lines.append(f"  {ch['label']}: {was} -> {now}{finer}{tag}")
+        if folded:
+            kinds = Counter(ch["change"] for ch in folded)
+            ways = Counter(ch["direction"] for ch in folded)
+            moved = kinds["outcome"] + kinds["value"]
+            parts = ([f"{moved} moved ({ways['worse']} worse, {ways['better']} better)"] if moved else []) + [
+                f"{kinds[k]} only in {side}" for k, side in (("only_a", "A"), ("only_b", "B")) if kinds[k]]
+            lines.append(f"  guardrails (never gating, none pass -> fail): {', '.join(parts)}: --verbose lists them")
         lines.append(f"  {c['unchanged_checks']} check(s) unchanged" if c["checks"] or c["unchanged_checks"] else
                      "  no checks")
         lines += [f"  {paired_line(r)}" for r in paired if r["server"] == cand]

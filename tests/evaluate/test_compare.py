@@ -244,3 +244,27 @@ def test_paired_intervals_stay_honest_at_small_n() -> None:
     assert single["interval"] is None and "no interval from 1 pair" in paired_line(single)
     two = _continuous("c", "perplexity delta per passage (byte)", [(1.0, 2.0), (1.0, 3.0)], "points")
     assert two["df"] == 1 and two["interval"][0] < 0 < two["interval"][1] and math.isclose(two["difference"], 1.5)
+
+
+def test_the_guardrails_that_moved_are_one_line_unless_verbose_or_one_failed() -> None:
+    """20 guardrails a candidate were most of the 122 lines comparing the Xeon demo with the H100 run: they never
+    gate, so they are counted (and how they moved) in one line; --verbose lists them; one that went pass -> fail
+    is a regression and always shown."""
+    from kvprobe.evaluate.compare import describe
+
+    args = (RUNS / "xeon-amx-rules6", RUNS / "h100-full-rules6", "--unsigned")
+    short, full = compare(*args).stdout.splitlines(), compare(*args, "--verbose").stdout.splitlines()
+    assert "  guardrails (never gating, none pass -> fail): 20 moved (3 worse, 9 better): --verbose lists them" \
+        in short
+    assert "  guardrails (never gating, none pass -> fail): 20 only in B: --verbose lists them" in short
+    assert not any(line.startswith("  guardrail: ") for line in short)
+    assert sum(line.startswith("  guardrail: ") for line in full) == 40 and not any("--verbose" in x for x in full)
+    assert len(short) < len(full) - 35
+    assert "  throughput drop, sweep mean of 5 cases: pass 0.99x [0.95, 1.03] -> inconclusive 0.98x [0.92, 1.04]" \
+           "  (worse)" in short  # a gating check is never folded
+    result = json.loads(compare(*args, "--json").stdout)
+    guard = next(c for c in result["candidates"]["fp8"]["checks"] if c["label"].startswith("guardrail: "))
+    guard["regression"] = True  # as one that went pass -> fail is
+    lines = describe(result)
+    assert any(line.startswith(f"  {guard['label']}: ") and line.endswith("REGRESSION") for line in lines)
+    assert "  guardrails (never gating, none pass -> fail): 19 moved" in " ".join(lines)
