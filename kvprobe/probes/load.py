@@ -497,9 +497,11 @@ def _blocks_deadline(ctx: EvalContext) -> float | None:
                default=None)
 
 
-def _open_candidates(ctx: EvalContext, digest: str, servers: list[str], stopped: set[str]) -> list[str]:
-    """The candidates that need another block: not stopped, not broken, not settled on the blocks so far."""
-    standing = _standing(ctx, digest, servers)
+def _open_candidates(ctx: EvalContext, digest: str, servers: list[str], stopped: set[str],
+                     standing: dict[str, list[dict[str, Any]]] | None = None) -> list[str]:
+    """The candidates that need another block: not stopped, not broken, not settled on the blocks so far
+    (`standing`: their speed checks on those blocks, when the caller has them)."""
+    standing = _standing(ctx, digest, servers) if standing is None else standing
     open_ = []
     for cand in (s for s in servers if s != ctx.reference and s not in stopped):
         if cand not in ctx.active():
@@ -519,11 +521,18 @@ def _stop_reason(block: int, n_max: int, spare: int, deadline: float | None, blo
     return None
 
 
-def _say_look(ctx: EvalContext, digest: str, servers: list[str], open_: list[str], progress: Progress) -> None:
-    """At a planned look, where each open candidate's endpoints stand."""
-    for cand, checks in _standing(ctx, digest, servers).items():
-        if cand in open_:
-            for check in _endpoints(checks):
+def _say_looks(standing: dict[str, list[dict[str, Any]]], open_: list[str], said: set[tuple[str, str, int]],
+               progress: Progress) -> None:
+    """Where each open candidate's endpoint stands at a planned look it reached and was not settled by, once.
+    A look is reached at that many usable blocks, not blocks run: with client-limited blocks dropped, the
+    standing said at the block count (rules/6's `7 blocks is not a planned look: no decision there` at block 8)
+    was never one a decision could be made at."""
+    for cand in open_:
+        for check in _endpoints(standing.get(cand, [])):
+            look = (check.get("sequential") or {}).get("look") or {}
+            key = (cand, check["id"], look.get("n"))
+            if look.get("at_look") and key not in said:
+                said.add(key)
                 progress.console.print(f"  {cand} {check['text']}", highlight=False, soft_wrap=True)
 
 
@@ -567,10 +576,13 @@ class _Blocks:
         columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn())
         block = 0
+        said: set[tuple[str, str, int]] = set()
         with Progress(*columns, console=ctx.console, refresh_per_second=4) as progress:
             tasks = {name: progress.add_task(name, total=(upto or design.n_max) * len(cases)) for name in servers}
             while ref in ctx.active() and (upto is None or block < upto):
-                open_ = _open_candidates(ctx, digest, servers, stopped)
+                standing = _standing(ctx, digest, servers)
+                open_ = _open_candidates(ctx, digest, servers, stopped, standing)
+                _say_looks(standing, open_, said, progress)
                 if not open_ and (not alone or block >= design.looks[0]):
                     break  # the reference alone (nothing to compare) runs the design's first look's blocks
                 why = _stop_reason(block, design.n_max, spare, self.deadline, self.block_s)
@@ -599,8 +611,6 @@ class _Blocks:
                 if ran:  # a block a resumed run had finished says nothing of how long one takes
                     self.block_s = time.monotonic() - t0
                 block += 1
-                if block in design.looks:
-                    _say_look(ctx, digest, servers, open_, progress)
 
 
 def _sized(ctx: EvalContext, servers: list[str], deadline: float | None) -> bool:

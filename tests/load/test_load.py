@@ -424,3 +424,30 @@ async def test_a_resumed_run_warms_a_server_before_its_first_block_with_work_lef
     for block in (0, 1):
         await _warm_up_first(ctx, ["ref", "cand"], block, [shape], block0, warmed, warm)
     assert calls == [("ref", 1), ("cand", 1)] and warmed == {"ref", "cand"}
+
+
+def test_a_look_is_said_once_when_the_usable_blocks_reach_it() -> None:
+    """The standing is said at a planned look of usable blocks, once, while the candidate is open. Said at the
+    block count instead, a run that dropped client-limited blocks printed only '7 blocks is not a planned look:
+    no decision there' (the Xeon demo of 2026-12-07, at blocks 8, 12 and 16)."""
+    import copy
+
+    from rich.progress import Progress
+
+    from kvprobe.probes.load import _say_looks
+
+    verdict = json.loads((Path(__file__).parents[1] / "fixtures" / "runs" / "xeon-amx-rules6" /
+                          "verdict.json").read_text())
+    at = next(c for c in verdict["decisions"]["fp8"]["checks"] if c["id"] == "load.endpoint.throughput_drop")
+    assert at["sequential"]["look"]["at_look"] and at["sequential"]["dropped_client_limited"] >= 1
+    off = copy.deepcopy(at)
+    off["sequential"]["look"].update(at_look=False, n=at["sequential"]["look"]["n"] + 1)
+    console = Console(file=io.StringIO(), width=400)
+    said: set = set()
+    with Progress(console=console) as progress:
+        _say_looks({"fp8": [off]}, ["fp8"], said, progress)
+        assert console.file.getvalue() == ""
+        for _ in range(2):
+            _say_looks({"fp8": [at]}, ["fp8"], said, progress)
+        _say_looks({"twin": [at]}, [], said, progress)  # settled or stopped: not open, nothing said
+    assert [line for line in console.file.getvalue().splitlines() if line.strip()] == [f"  fp8 {at['text']}"]
