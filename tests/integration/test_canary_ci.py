@@ -17,8 +17,9 @@ import yaml
 from junitparser import Failure, JUnitXml
 from scenarios import trio
 
-# serves_tokens is logged in conftest; this module served 129,963 to the lossy server on EPYC family 26 (2026-12-04).
-pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(150_000)]
+# serves_tokens is logged in conftest; this module served 129,963 to the lossy server on EPYC family 26 (2026-12-04)
+# and 215,127 on an Intel Xeon model 167 (2026-12-07), where int8_per_token_head's answers run to the cap.
+pytestmark = [pytest.mark.integration, pytest.mark.serves_tokens(250_000)]
 
 STEP = Path(__file__).parents[2] / "examples" / "ci" / "github-actions.yml"
 BUDGET_S = 90  # the step's own 5m would hold the suite; a short budget is the harder case for the 10%
