@@ -521,13 +521,13 @@ def _stop_reason(block: int, n_max: int, spare: int, deadline: float | None, blo
     return None
 
 
-def _say_looks(standing: dict[str, list[dict[str, Any]]], open_: list[str], said: set[tuple[str, str, int]],
+def _say_looks(standing: dict[str, list[dict[str, Any]]], candidates: list[str], said: set[tuple[str, str, int]],
                progress: Progress) -> None:
-    """Where each open candidate's endpoint stands at a planned look it reached and was not settled by, once.
-    A look is reached at that many usable blocks, not blocks run: with client-limited blocks dropped, the
-    standing said at the block count (rules/6's `7 blocks is not a planned look: no decision there` at block 8)
-    was never one a decision could be made at."""
-    for cand in open_:
+    """Where each of `candidates` (those open before the last block) stands at a planned look it reached, once,
+    the look that settled it included. A look is reached at that many usable blocks, not blocks run: with
+    client-limited blocks dropped, the standing said at the block count (rules/6's `7 blocks is not a planned
+    look: no decision there` at block 8) was never one a decision could be made at."""
+    for cand in candidates:
         for check in _endpoints(standing.get(cand, [])):
             look = (check.get("sequential") or {}).get("look") or {}
             key = (cand, check["id"], look.get("n"))
@@ -577,12 +577,14 @@ class _Blocks:
                    TimeElapsedColumn())
         block = 0
         said: set[tuple[str, str, int]] = set()
+        was_open: list[str] = []
         with Progress(*columns, console=ctx.console, refresh_per_second=4) as progress:
             tasks = {name: progress.add_task(name, total=(upto or design.n_max) * len(cases)) for name in servers}
             while ref in ctx.active() and (upto is None or block < upto):
                 standing = _standing(ctx, digest, servers)
                 open_ = _open_candidates(ctx, digest, servers, stopped, standing)
-                _say_looks(standing, open_, said, progress)
+                _say_looks(standing, [c for c in servers if c in was_open or c in open_], said, progress)
+                was_open = open_
                 if not open_ and (not alone or block >= design.looks[0]):
                     break  # the reference alone (nothing to compare) runs the design's first look's blocks
                 why = _stop_reason(block, design.n_max, spare, self.deadline, self.block_s)

@@ -427,9 +427,10 @@ async def test_a_resumed_run_warms_a_server_before_its_first_block_with_work_lef
 
 
 def test_a_look_is_said_once_when_the_usable_blocks_reach_it() -> None:
-    """The standing is said at a planned look of usable blocks, once, while the candidate is open. Said at the
-    block count instead, a run that dropped client-limited blocks printed only '7 blocks is not a planned look:
-    no decision there' (the Xeon demo of 2026-12-07, at blocks 8, 12 and 16)."""
+    """The standing is said at a planned look of usable blocks, once, for a candidate open before the block (the
+    look that settles it included). Said at the block count instead, a run that dropped client-limited blocks
+    printed only '7 blocks is not a planned look: no decision there' (the Xeon demo of 2026-12-07, at blocks 8,
+    12 and 16)."""
     import copy
 
     from rich.progress import Progress
@@ -449,5 +450,5 @@ def test_a_look_is_said_once_when_the_usable_blocks_reach_it() -> None:
         assert console.file.getvalue() == ""
         for _ in range(2):
             _say_looks({"fp8": [at]}, ["fp8"], said, progress)
-        _say_looks({"twin": [at]}, [], said, progress)  # settled or stopped: not open, nothing said
+        _say_looks({"twin": [at]}, [], said, progress)  # not open before the block: nothing said
     assert [line for line in console.file.getvalue().splitlines() if line.strip()] == [f"  fp8 {at['text']}"]
