@@ -507,8 +507,9 @@ def describe(result: dict[str, Any], verbose: bool = False) -> list[str]:
                      f"{_ratio(c['capacity_ratio']['a'])} -> {_ratio(c['capacity_ratio']['b'])} "
                      f"({_tokens(c['kv_cache_tokens']['a'])} -> {_tokens(c['kv_cache_tokens']['b'])} KV tokens)"
                      + mark)
-        folded = [ch for ch in c["checks"] if not (verbose or ch["regression"] or _gating(ch))]
-        for ch in (ch for ch in c["checks"] if ch not in folded):
+        listed = [verbose or ch["regression"] or _gating(ch) for ch in c["checks"]]
+        folded = [ch for ch, shown in zip(c["checks"], listed, strict=True) if not shown]
+        for ch in (ch for ch, shown in zip(c["checks"], listed, strict=True) if shown):
             tag = "  REGRESSION" if ch["regression"] else f"  ({ch['direction']})" if ch["direction"] != "same" else ""
             was, now = _check_text(ch["a"]), _check_text(ch["b"])
             finer = " (moved by less than the figures show)" if was == now else ""
