@@ -211,22 +211,35 @@ async def _warm_up(ctx: EvalContext, name: str, shape: Shape, digest: str, run_n
     errors = sum(1 for r in outcome.rows if r["status"] != "ok")
     ctx.run.event("load_warmup", server=name, shape=shape.name, agents=agents, digest=digest,
                   seconds=round(outcome.duration_s, 3), requests=len(outcome.rows), errors=errors)
-    dead = outcome.dead or served_nothing(outcome.rows, "the warm-up")
+    dead = outcome.dead or not_serving(outcome.rows, "the warm-up")
     if dead:
         ctx.mark_broken(name, dead)
 
 
-def served_nothing(rows: list[dict[str, Any]], where: str) -> str | None:
-    """Why a server that still answers /health is not serving: every request of a case failed (a 500 on
-    each, or each cut). Its throughput would be 0, a block the speed checks cannot pair; such a server is
-    broken, as one that died is (healthy is not serving). None when any request succeeded or none was sent."""
-    if not rows or any(r["status"] == "ok" for r in rows):
+def not_serving(rows: list[dict[str, Any]], where: str) -> str | None:
+    """Why a server that still answers /health is not serving a case (healthy is not serving), or None.
+
+    Every request failed (a 500 on each, or each cut): its throughput would be 0, a block the speed checks
+    cannot pair. Or it answered some with HTTP 5xx: the server's own fault, which the speed checks would
+    only see as a few percent of lost throughput, so a candidate erring on 2% of its requests could pass a
+    5% bar. A 4xx (the request's fault), a timeout or a cut stream (possibly the client's) counts as lost
+    throughput only, as long as something was served. None when nothing was sent."""
+    if not rows:
         return None
-    first = rows[0]
-    why = first.get("error") or (f"HTTP {first['http_status']}" if first.get("http_status")
-                                 else "a stream cut before its end" if first["status"] == "incomplete"
-                                 else first["status"])
-    return f"every one of its {len(rows)} load requests failed in {where} while /health answered (the first: {why})"
+    if not any(r["status"] == "ok" for r in rows):
+        return (f"every one of its {len(rows)} load requests failed in {where} while /health answered "
+                f"(the first: {_why(rows[0])})")
+    faults = [r for r in rows if (r.get("http_status") or 0) >= 500]
+    if faults:
+        return (f"{len(faults)} of its {len(rows)} load requests in {where} got a server error while /health "
+                f"answered (the first: {_why(faults[0])})")
+    return None
+
+
+def _why(row: dict[str, Any]) -> str:
+    return row.get("error") or (f"HTTP {row['http_status']}" if row.get("http_status")
+                                else "a stream cut before its end" if row["status"] == "incomplete"
+                                else row["status"])
 
 
 async def _drive(ctx: EvalContext, workers: Workers | None, name: str, shape: Shape, agents: int, nonce: str,
@@ -320,7 +333,7 @@ async def _run_unit(ctx: EvalContext, name: str, shape: Shape, agents: int, repe
               "prefix_cache": notes.get(name), "summary": summary, "metrics": metrics, "client": client,
               "processes": shards, "wall_s": round(time.perf_counter() - t0, 3)}
     where = f"block {repeat + 1} at {agents} agent{'s' if agents > 1 else ''}"
-    dead = outcome.dead or served_nothing(outcome.rows, where)
+    dead = outcome.dead or not_serving(outcome.rows, where)
     if dead:
         ctx.run.event("load_aborted", **record, error=dead)
         ctx.mark_broken(name, dead)

@@ -360,18 +360,56 @@ async def test_a_server_failing_every_load_request_while_healthy_is_broken(tmp_p
     assert any(why in reason for reason in decision["reasons"])
 
 
-def test_served_nothing_needs_every_request_failed() -> None:
-    from kvprobe.probes.load import served_nothing
+async def test_a_server_erring_on_some_load_requests_while_healthy_is_broken(tmp_path: Path) -> None:
+    # The real EngineCore 500 on every third chat request: counted only as lost throughput, a third of a block is
+    # a clear speed loss, but an error on 2% of requests would pass a 5% bar. A server error is the server's
+    # fault whatever the throughput: the candidate is broken, the count and the first error named.
+    auto, fp8 = Replay("auto-8101"), Replay("fp8-8102")
+    crash = capture("crash-seed-chunked-prefill", "response")
+    served = fp8.routes[("POST", "/v1/chat/completions")]
+    posts = {"n": 0}
+
+    def every_third_fails(request: httpx.Request) -> httpx.Response:
+        posts["n"] += 1
+        if posts["n"] % 3 == 0:
+            return httpx.Response(500, content=crash, headers={"content-type": "application/json"})
+        return served(request)
+
+    fp8.routes[("POST", "/v1/chat/completions")] = every_third_fails
+    multi = MultiReplay({"127.0.0.1:8101": auto, "127.0.0.1:8102": fp8})
+    run = RunDir.create(tmp_path / "run")
+    outcome = await run_eval(_config({"agents": [3], "repeats": 1}), run, ["load"], Console(file=io.StringIO()),
+                             transport=multi.transport())
+    assert outcome.exit_code == 4
+    why = outcome.ctx.broken["fp8"]
+    assert why.startswith("2 of its 6 load requests in block 1 at 3 agents got a server error while /health "
+                          "answered (the first: fp8: HTTP 500"), why
+    assert "EngineCore encountered an issue" in why
+    (aborted,) = run.events("load_aborted", server="fp8")
+    assert aborted["summary"]["errors"] == 2 and aborted["summary"]["requests"] == 6
+    decision = outcome.ctx.results["verdict"]["decisions"]["fp8"]
+    assert decision["decision"] == "broken" and any(why in reason for reason in decision["reasons"])
+    assert "auto" not in outcome.ctx.broken
+
+
+def test_not_serving_names_a_case_with_no_success_or_any_server_error() -> None:
+    from kvprobe.probes.load import not_serving
 
     ok = {"status": "ok", "error": None, "http_status": None}
     cut = {"status": "incomplete", "error": None, "http_status": None}
     refused = {"status": "error", "error": "fp8: connection refused", "http_status": None}
-    assert served_nothing([], "block 1 at 1 agent") is None  # nothing sent: nothing shown
-    assert served_nothing([cut, ok], "block 1 at 1 agent") is None  # one served: a slow or flaky server
-    assert served_nothing([cut, refused], "block 2 at 4 agents") == (
+    too_long = {"status": "error", "error": "fp8: HTTP 400: prompt too long", "http_status": 400}
+    fault = {"status": "error", "error": "fp8: HTTP 503: overloaded", "http_status": 503}
+    assert not_serving([], "block 1 at 1 agent") is None  # nothing sent: nothing shown
+    # something served, and no failure the server's own: lost throughput, judged by the speed checks
+    assert not_serving([cut, ok, refused, too_long], "block 1 at 1 agent") is None
+    assert not_serving([cut, refused], "block 2 at 4 agents") == (
         "every one of its 2 load requests failed in block 2 at 4 agents while /health answered (the first: "
         "a stream cut before its end)")
-    assert "(the first: fp8: connection refused)" in served_nothing([refused, cut], "the warm-up")
+    assert "(the first: fp8: connection refused)" in not_serving([refused, cut], "the warm-up")
+    assert not_serving([ok, ok, too_long, fault, ok], "block 3 at 2 agents") == (
+        "1 of its 5 load requests in block 3 at 2 agents got a server error while /health answered (the first: "
+        "fp8: HTTP 503: overloaded)")
 
 
 async def test_budgets_and_open_loop_poisson_arrivals(tmp_path: Path) -> None:
