@@ -37,9 +37,16 @@ async def test_a_blocked_loop_shows_as_loop_lag_and_cpu() -> None:
 
 
 async def test_an_idle_loop_is_not_late() -> None:
-    async with watching("loop") as load:
-        await asyncio.sleep(0.2)
-    assert load.summary()["client_loop_lag_p99_s"] < 0.01 and load.summary()["client_cpu_share"] < 0.5
+    # Another process on the box can only make a wake-up later, never earlier: the least late of three idle
+    # windows is the instrument's own floor. One window of ~20 ticks read 10.4 ms at its p99 on a 2-core AVX2
+    # EPYC (family 25 model 1) while the suite's vLLM servers sat idle beside it.
+    summaries = []
+    for _ in range(3):
+        async with watching("loop") as load:
+            await asyncio.sleep(0.2)
+        summaries.append(load.summary())
+    quietest = min(summaries, key=lambda s: s["client_loop_lag_p99_s"])
+    assert quietest["client_loop_lag_p99_s"] < 0.01 and quietest["client_cpu_share"] < 0.5, summaries
 
 
 def test_a_client_limited_block_is_dropped_and_never_counted(tmp_path: Path) -> None:
