@@ -234,11 +234,23 @@ async def _probe_phase(ctx: EvalContext, inventories: list[Inventory], probes: l
         budget.plan(runnable)
     for name in ordered(runnable):
         ctrl_c.check()
+        if ctx.reference in ctx.broken:
+            _stop_without_reference(ctx, ordered(runnable)[ordered(runnable).index(name):])
+            return
         if budget is None:
             ctx.results[name] = await PROBES[name].run(ctx)
         elif not await budget.run(name, PROBES[name].run):
             continue
         ctx.run.event("probe_done", probe=name)
+
+
+def _stop_without_reference(ctx: EvalContext, left: list[str]) -> None:
+    """The reference broke: what a candidate answers from now on has nothing to be compared with, so the probes
+    left are not run (a rerun into the run directory, the reference fixed, measures them)."""
+    ref = ctx.reference
+    ctx.run.event("probes_not_run", probes=left, why=f"the reference {ref} broke")
+    ctx.console.print(f"[red]{', '.join(left)} not run:[/red] the reference {escape(ref)} broke, so nothing more "
+                      "can be compared", highlight=False)
 
 
 def _outcome(ctx: EvalContext, inventories: list[Inventory], messages: list[str],

@@ -149,7 +149,7 @@ class _Comparing:
     async def passage(self, name: str, doc: int, sem: asyncio.Semaphore, task_id: Any) -> None:
         """One passage on one server compared and recorded; nothing once the server is broken."""
         ctx = self.ctx
-        if name in ctx.broken:
+        if not ctx.measuring(name):
             return
         async with sem:
             try:

@@ -123,7 +123,7 @@ async def _ask_server(ctx: EvalContext, name: str, plan_id: str, cases: list[dic
     async def one(case: dict[str, Any]) -> None:
         nonlocal hits
         async with gate:
-            if name in ctx.broken:
+            if not ctx.measuring(name):
                 return
             body = {"messages": [{"role": "user", "content": case["content"]}],
                     "max_tokens": settings.max_tokens, "temperature": 0}

@@ -200,7 +200,7 @@ class _Scoring:
                 self.progress.add_task(f"{label} [dim](recorded)[/dim]", total=total_windows,
                                        completed=total_windows)
                 continue
-            if name in self.ctx.broken or name not in self.targets:
+            if not self.ctx.measuring(name) or name not in self.targets:
                 return
             if not await self.score(name, repeat, label, total_windows):
                 return

@@ -133,7 +133,7 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
             if (name, info.name) in rows:
                 progress.add_task(f"{label} [dim](recorded)[/dim]", total=info.documents, completed=info.documents)
                 continue
-            if name in ctx.broken or name not in targets:
+            if not ctx.measuring(name) or name not in targets:
                 return
             bar = progress.add_task(label, total=info.documents)
             try:

@@ -83,6 +83,11 @@ class EvalContext:
             names.append(server.name)
         return names
 
+    def measuring(self, name: str) -> bool:
+        """Whether another request to `name` can still count: not once it broke, nor once the reference did
+        (nothing a candidate answers then can be compared)."""
+        return name not in self.broken and self.reference not in self.broken
+
     def warn(self, line: str) -> None:
         """A warning printed once per run, however many requests meet it."""
         if line not in self.warned:

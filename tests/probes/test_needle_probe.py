@@ -178,6 +178,29 @@ async def test_server_dying_mid_probe_is_marked_broken_and_the_rest_go_on(tmp_pa
     assert [e["server"] for e in run.events("broken")] == ["fp8"]
 
 
+async def test_a_reference_dying_mid_probe_stops_every_request_and_the_probes_left(tmp_path) -> None:
+    # Healthy candidates answering on after the reference died measure nothing that can be compared: a demo on an
+    # AVX2 EPYC went on asking bfloat16 its 180 needles, and would have gone on to its 180 QA documents, after
+    # auto's engine hung (HTTP 500 EngineCore) at needle 101.
+    trio = Trio()
+    trio.models["auto"].fail_after = 2
+    console = Console(file=io.StringIO(), width=200)
+    run = RunDir.create(tmp_path / "run")
+    outcome = await run_eval(_config(concurrency=1), run, ["needle", "load"], console, transport=trio.transport)
+    assert outcome.exit_code == EXIT_BROKEN
+    assert [e["server"] for e in run.events("broken")] == ["auto"]
+    # every server asked in step, one case at a time: no candidate past the case the reference died on
+    assert len(trio.models["auto"].bodies) <= 6 + 3 and all(trio.chats()[c] <= 3 for c in ("fp8", "int8"))
+    (stopped,) = run.events("probes_not_run")
+    assert stopped["probes"] == ["load"] and stopped["why"] == "the reference auto broke"
+    assert "load not run: the reference auto broke, so nothing more can be compared" in console.file.getvalue()
+    assert not (run.path / "load.json").exists()
+    verdict = outcome.ctx.results["verdict"]
+    assert verdict["probes_status"]["load"] == "requested, no results"
+    for cand in ("fp8", "int8"):
+        assert any("the reference auto is broken" in r for r in verdict["decisions"][cand]["reasons"])
+
+
 @pytest.mark.parametrize("lengths", [[1024, 9000], [7169]])
 async def test_length_over_max_model_len_refused_before_any_request(tmp_path, lengths) -> None:
     trio = Trio()
