@@ -280,3 +280,44 @@ def test_the_full_gpu_run_rebuilt_from_its_events_reaches_the_recorded_decisions
     assert {n: d["decision"] for n, d in again["decisions"].items()} == \
         {n: d["decision"] for n, d in h100_full["decisions"].items()}
     assert judged(again) == judged(h100_full) and again["exit_code"] == h100_full["exit_code"] == 1
+
+
+# The AVX2 demo under rules/6 (tests/fixtures/runs/amd-avx2-rules6): the reference's engine hung in the needle probe
+# (vLLM's executor gave up after 300 s, then a real HTTP 500 from EngineCore on every request), after bfloat16 KV on
+# float32 weights had failed perplexity and was failing the needles.
+AVX2_6 = "amd-avx2-rules6"
+
+
+def test_a_reference_that_dies_mid_run_stops_the_run_and_the_failed_candidate_is_still_rejected(tmp_path) -> None:
+    verdict = orjson.loads((RUNS / AVX2_6 / "verdict.json").read_bytes())
+    with gzip.open(RUNS / AVX2_6 / "events.jsonl.gz") as f:
+        events = [orjson.loads(line) for line in f]
+    died = [e for e in events if e["kind"] == "needle_case" and e["server"] == "auto" and e["status"] == "error"]
+    assert died and died[0]["http_status"] == 500 and "EngineCore" in died[0]["error"]  # the real capture
+    (broke,) = [e for e in events if e["kind"] == "broken"]
+    assert broke["server"] == "auto" and verdict["broken"] == {"auto": broke["error"]}
+    # only the candidate's requests already in flight (the needle probe's concurrency, 2) finished after it
+    after = [e for e in events if e["kind"] == "needle_case" and e["server"] == "bfloat16" and e["t"] > broke["t"]]
+    assert len(after) <= 2
+    (stopped,) = [e for e in events if e["kind"] == "probes_not_run"]
+    assert stopped["probes"] == ["tasks", "load"] and stopped["why"] == "the reference auto broke"
+    assert not [e for e in events if e["kind"] in ("tasks_sample", "load_case", "load_request")]
+
+    d = verdict["decisions"]["bfloat16"]
+    assert d["decision"] == "reject" and verdict["exit_code"] == EXIT_BROKEN
+    checks = _checks(verdict, "bfloat16")
+    # what was measured before the reference broke still decides, each failure named
+    assert checks["perplexity.delta"]["outcome"] == checks["needle.recall_drop"]["outcome"] == "fail"
+    for bar in ("perplexity_delta_max", "needle_recall_drop_max"):
+        assert any(r.startswith(f"fails {bar}: ") for r in d["reasons"])
+    assert checks["needle.recall_drop"]["pairs"] < 180  # the pairs both answered before the death, no more
+    assert checks["tasks.accuracy_drop"]["outcome"] == checks["load.endpoint.throughput_drop"]["outcome"] \
+        == "not_measured"
+    assert any(r.startswith("the reference auto is broken") for r in d["reasons"])
+    assert verdict["probes_status"]["tasks"] == verdict["probes_status"]["load"] == "requested, no results"
+
+    _, again = rejudge(AVX2_6, tmp_path)  # each quality summary rebuilt from the events reaches the same verdict
+    assert {n: x["decision"] for n, x in again["decisions"].items()} == {"bfloat16": "reject"}
+    assert {c["id"]: c["outcome"] for c in again["decisions"]["bfloat16"]["checks"]} == \
+        {i: c["outcome"] for i, c in checks.items()}
+    assert again["exit_code"] == verdict["exit_code"] and again["broken"] == verdict["broken"]
