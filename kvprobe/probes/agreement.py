@@ -147,7 +147,7 @@ class _Comparing:
         await asyncio.gather(*(self.passage(name, d, sem, task_id) for d in todo))
 
     async def passage(self, name: str, doc: int, sem: asyncio.Semaphore, task_id: Any) -> None:
-        """One passage on one server compared and recorded; nothing once the server is broken."""
+        """One passage on one server compared and recorded; nothing once it or the reference is broken."""
         ctx = self.ctx
         if not ctx.measuring(name):
             return
