@@ -31,9 +31,30 @@ def pair():
     server.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     assert rxstamp.enable(client), "this kernel gives no SO_TIMESTAMPNS"
     client.setblocking(False)
+    _wait_for_stamps(client, server)
     yield client, server
     client.close()
     server.close()
+
+
+def _wait_for_stamps(client: socket.socket, server: socket.socket) -> None:
+    """Linux turns receive stamping on for the whole host through a workqueue when the first socket asks
+    (net_enable_timestamp defers the static key): until that work has run, packets arrive unstamped. On
+    a busy box that took longer than a test's first 15 ms (a clean-clone CI on an AVX2 EPYC, beside
+    stopping vLLM servers, got its whole first payload unstamped), so wait for a stamped byte first."""
+    clock, deadline = rxstamp.Clock(), time.monotonic() + 5
+    while time.monotonic() < deadline:
+        server.sendall(b".")
+        time.sleep(0.01)
+        stamps = []
+        while True:
+            try:
+                stamps.append(rxstamp.recv(client, _READ_SIZE, clock)[1])
+            except BlockingIOError:
+                break
+        if any(t is not None for t in stamps):
+            return
+    pytest.fail("the kernel stamped no received packet within 5 s of SO_TIMESTAMPNS")
 
 
 def read_all(client: socket.socket) -> list[tuple[bytes, float]]:
@@ -90,4 +111,3 @@ def test_chunks_queued_on_one_socket_share_the_latest_arrival_never_later(pair) 
     assert b"".join(r[0] for r in reads).endswith(b"0\r\n\r\n")
     for _, stamp in reads:
         assert stamp <= read_at and abs(stamp - last) < 0.002
-
