@@ -9,7 +9,7 @@ from jinja2 import Environment
 from rich.text import Text
 
 from kvprobe.report.standing import NOT_VERIFIED, SIGNED_HERE, VERIFIED, Standing
-from kvprobe.report.summary import candidate_rows
+from kvprobe.report.summary import candidate_rows, kept_but_broke
 from kvprobe.report.tables import all_tables
 
 _TEMPLATE = """<!doctype html>
@@ -56,6 +56,7 @@ code, pre { background: #f6f6f6; border-radius: 4px; } pre { padding: 8px; overf
 <div class="standing {{ standing_class }}" id="standing">{{ standing.line }}</div>
 <div class="rec {{ 'change' if v.recommendation.change else 'keep' }}" id="recommendation">
 <strong>Recommendation: {{ 'adopt' if v.recommendation.change else 'keep' }} {{ v.recommendation.server }}</strong>
+{% if kept_but_broke %}<p><strong>{{ kept_but_broke }}</strong> ({{ v.broken[v.recommendation.server] }})</p>{% endif %}
 <details><summary>why</summary>{{ v.recommendation.reason }}</details></div>
 
 <section id="glance">
@@ -166,4 +167,5 @@ def render(v: dict[str, Any], plots: list[dict[str, Any]], standing: Standing) -
             rest.append(item)
     return env.from_string(_TEMPLATE).render(
         v=v, tables=tables, glance=glance(v), plots_after=plots_after, plots_rest=rest, figure=figure,
-        standing=standing, standing_class=_STANDING_CLASS[standing.kind], n_plots=sum(1 for i in items if i["data"]))
+        standing=standing, standing_class=_STANDING_CLASS[standing.kind], n_plots=sum(1 for i in items if i["data"]),
+        kept_but_broke=kept_but_broke(v))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvprobe.report.standing import NOT_VERIFIED, Standing
+from kvprobe.report.summary import kept_but_broke
 from kvprobe.report.tables import TableData, all_tables
 
 
@@ -46,6 +47,7 @@ def render(v: dict[str, Any], plots: list[tuple[str, str | None, str]], standing
     rec = v["recommendation"]
     out = [f"# kvprobe verdict: {v['run']['id']}", "", f"**{standing.line}**", "",
            f"**Recommendation: {rec['server']}** — {rec['reason']}", "",
+           *([f"**{caveat}** ({v['broken'][rec['server']]})", ""] if (caveat := kept_but_broke(v)) else []),
            f"Measured {v['run'].get('first_measurement') or '-'} to {v['run'].get('last_measurement') or '-'} "
            f"by kvprobe {v['run'].get('measured_by') or '-'}; verdict schema {v['schema']}, rules {v['rules']}.", ""]
     tables = all_tables(v)

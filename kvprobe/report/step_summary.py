@@ -9,6 +9,7 @@ from typing import Any
 
 from kvprobe.report import cells
 from kvprobe.report.markdown import cell
+from kvprobe.report.summary import kept_but_broke
 
 
 def step_summary(v: dict[str, Any], run_dir: Path, signature: dict[str, Any] | None,
@@ -17,6 +18,7 @@ def step_summary(v: dict[str, Any], run_dir: Path, signature: dict[str, Any] | N
     rec = v["recommendation"]
     out = [f"## kvprobe: {'adopt ' + rec['server'] if rec.get('change') else 'keep ' + rec['server']}", "",
            cell(rec["reason"]), "",
+           *([f"**{cell(caveat)}** ({cell(v['broken'][rec['server']])})", ""] if (caveat := kept_but_broke(v)) else []),
            "| candidate | decision | capacity | first reason |", "|---|---|---|---|"]
     for name, d in v["decisions"].items():
         ratio = d.get("capacity_ratio")

@@ -155,7 +155,20 @@ def summary(verdict: dict[str, Any], width: int) -> list[Text]:
     if rec.get("server") is not None:
         change = "adopt" if rec.get("change") else "keep"
         out += _lines(f"[bold]recommendation: {change} {escape(str(rec['server']))}[/bold]", width)
+        if (caveat := kept_but_broke(verdict)) is not None:
+            out += _lines("but " + escape(caveat), width, "  ")
     return out
+
+
+def kept_but_broke(verdict: dict[str, Any]) -> str | None:
+    """What keeping the reference leaves out when the reference itself broke during the run: the rules still
+    say keep it (no candidate was adopted), but the server the operator runs today hung or failed under the
+    probes, which is the first thing to fix. None when the recommended server did not break."""
+    rec = verdict.get("recommendation") or {}
+    server = rec.get("server")
+    if rec.get("change") or server is None or server not in (verdict.get("broken") or {}):
+        return None
+    return f"{server} itself broke during this run: fix it, then rerun to finish the comparison"
 
 
 def _accept(summary: dict[str, Any] | None, name: str) -> str | None:

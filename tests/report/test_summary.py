@@ -16,8 +16,10 @@ from rich.text import Text
 
 from kvprobe.cli import main
 from kvprobe.evaluate import orchestrate as evaluation
-from kvprobe.report import cells
-from kvprobe.report.summary import candidate_rows, print_summary
+from kvprobe.report import cells, html, markdown
+from kvprobe.report.standing import NOT_VERIFIED, Standing
+from kvprobe.report.step_summary import step_summary
+from kvprobe.report.summary import candidate_rows, kept_but_broke, print_summary
 
 RUNS = sorted((Path(__file__).parents[1] / "fixtures" / "runs").glob("*/verdict.json"))
 NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?[%x]?")
@@ -50,7 +52,10 @@ def test_the_summary_fits_and_never_cuts_a_number(path: Path, width: int) -> Non
         texts = " ".join(Text.from_markup(text).plain for _, text in candidate_rows(verdict, name))
         for interval in INTERVAL.findall(texts):
             assert any(interval in line for line in lines), (name, interval)
-    assert lines[-1].startswith("recommendation: ")
+    # the recommendation ends the summary, followed only by what keeping a reference that broke leaves to do
+    last = max(i for i, line in enumerate(lines) if line.startswith("recommendation: "))
+    assert all(line.startswith("  ") for line in lines[last + 1:])
+    assert (len(lines) > last + 1) == (kept_but_broke(verdict) is not None)
     assert all(line == line.rstrip() for line in lines)  # nothing pads a line out to the terminal's width
 
 
@@ -64,6 +69,29 @@ def test_at_100_columns_each_axis_is_a_line_of_its_own() -> None:
     assert "perplexity delta -0.57% [-1.12%, -0.05%] (bar 1.00%) pass" in fp8[1]
     # the reject's failing bar is there with its number and interval
     assert any("perplexity delta +66.63% [+57.43%, +77.05%] (bar 1.00%) fail" in line for line in lines)
+
+
+def test_keeping_a_reference_that_broke_says_it_broke_on_every_surface(tmp_path: Path) -> None:
+    """The AVX2 demo's reference hung in the needle probe: the rules still keep it (its candidate is rejected),
+    and every surface that says "keep auto" says in the same place that auto itself broke."""
+    verdict = json.loads((RUNS[0].parents[1] / "amd-avx2-rules6" / "verdict.json").read_text())
+    assert verdict["recommendation"]["server"] == "auto" and not verdict["recommendation"]["change"]
+    said = "auto itself broke during this run: fix it, then rerun to finish the comparison"
+    assert kept_but_broke(verdict) == said
+    lines = render(verdict, 120)
+    assert lines[-2:] == ["recommendation: keep auto", "  but " + said]
+    standing = Standing(NOT_VERIFIED, "NOT verified: a test", "not verified")
+    error = verdict["broken"]["auto"]
+    assert f"**{said}** ({error})" in markdown.render(verdict, [], standing)
+    assert f"**{said}** ({error})" in step_summary(verdict, tmp_path, None)
+    page = html.render(verdict, [], standing)
+    assert f"<strong>{said}</strong>" in page and "EngineCore encountered an issue" in page
+    # a reference that did not break is kept without a word more
+    for path in RUNS:
+        other = json.loads(path.read_text())
+        if other["recommendation"]["server"] not in (other.get("broken") or {}):
+            assert kept_but_broke(other) is None, path.parent.name
+            assert " itself broke during this run" not in markdown.render(other, [], standing)
 
 
 def _fleet(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
