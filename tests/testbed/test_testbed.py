@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from replay import dev_server_info, on_avx2
 
-from kvprobe.testbed import testbed
+from kvprobe.testbed import launcher, testbed
 from kvprobe.testbed.cpu import cpu_flags
 from kvprobe.testbed.launcher import ServerSpec, engine_error, overruns
 from kvprobe.testbed.scenarios import FACTS, FORCE_NO_AVX512, _build, detect_isa
@@ -83,6 +83,15 @@ def test_specs_differ_from_each_other_in_what_they_run() -> None:
     f32 = ServerSpec(port=1, model="m", dtype="float32", kv_cache_dtype="bfloat16")
     assert f32.argv()[f32.argv().index("--dtype") + 1] == "float32"
     assert "--enable-tokenizer-info-endpoint" not in ServerSpec(port=1, model="m", tokenizer_info=False).argv()
+
+
+def test_a_server_started_under_another_thread_setting_is_not_reused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The threads a server computes on are part of what it runs: one started while vLLM pinned every worker to
+    core 0 (where one starved another) is restarted, not reused."""
+    spec = ServerSpec(port=1, model="m")
+    now = spec.digest()
+    monkeypatch.setattr(launcher, "THREAD_ENV", {"VLLM_CPU_OMP_THREADS_BIND": "auto"})
+    assert spec.digest() != now
 
 
 def test_the_overrunning_kernels_are_known() -> None:

@@ -45,7 +45,14 @@ def test_the_server_that_cannot_start_is_refused_with_the_engines_reason(bed: Te
 def test_the_demo_evaluates_what_started_and_says_what_was_left_out(bed: Testbed, start_servers,
                                                                      tmp_path: Path) -> None:
     # Started through the fixture first, so the session stops them; the demo then reuses them.
-    start_servers([sc.spec for sc in bed.demo() if sc.key != "no_start"], CAPACITY_ONLY_TOKENS)
+    servers = start_servers([sc.spec for sc in bed.demo() if sc.key != "no_start"], CAPACITY_ONLY_TOKENS)
+    # Each server's worker may run on every core (vLLM pins them all to core 0, where one starved another for
+    # 300 s on an AVX2 EPYC): THREAD_ENV reached the engine.
+    every_core = os.sched_getaffinity(0)
+    for server in servers:
+        workers = _workers(server.pid)
+        assert workers, f"no VLLM::Worker process in {server.url}'s process group"
+        assert all(os.sched_getaffinity(w) == every_core for w in workers), (server.url, every_core)
     out = tmp_path / "run"
     env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
     result = CliRunner(env=env).invoke(main, ["demo", "--probes", "capacity", "--out", str(out)],
@@ -64,3 +71,17 @@ def test_the_demo_evaluates_what_started_and_says_what_was_left_out(bed: Testbed
         assert "Left out" in report and line in report
     else:
         assert left_out == [] and "Left out" not in report
+
+
+def _workers(group: int) -> list[int]:
+    """The pids of the VLLM::Worker processes in process group `group` (a server's)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue  # gone since the listing
+        comm, rest = text[text.index("(") + 1: text.rindex(")")], text[text.rindex(")") + 2:].split()
+        if comm.startswith("VLLM::Worker") and int(rest[2]) == group:
+            found.append(int(stat.parent.name))
+    return found
