@@ -72,8 +72,9 @@ def test_at_100_columns_each_axis_is_a_line_of_its_own() -> None:
 
 
 def test_keeping_a_reference_that_broke_says_it_broke_on_every_surface(tmp_path: Path) -> None:
-    """The AVX2 demo's reference hung in the needle probe: the rules still keep it (its candidate is rejected),
-    and every surface that says "keep auto" says in the same place that auto itself broke."""
+    """The AVX2 demo's reference broke in the needle probe (its worker starved of CPU): the rules still keep it
+    (its candidate is rejected), and every surface that says "keep auto" says in the same place that auto itself
+    broke."""
     verdict = json.loads((RUNS[0].parents[1] / "amd-avx2-rules6" / "verdict.json").read_text())
     assert verdict["recommendation"]["server"] == "auto" and not verdict["recommendation"]["change"]
     said = "auto itself broke during this run: fix it, then rerun to finish the comparison"

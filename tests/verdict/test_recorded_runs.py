@@ -282,9 +282,10 @@ def test_the_full_gpu_run_rebuilt_from_its_events_reaches_the_recorded_decisions
     assert judged(again) == judged(h100_full) and again["exit_code"] == h100_full["exit_code"] == 1
 
 
-# The AVX2 demo under rules/6 (tests/fixtures/runs/amd-avx2-rules6): the reference's engine hung in the needle probe
-# (vLLM's executor gave up after 300 s, then a real HTTP 500 from EngineCore on every request), after bfloat16 KV on
-# float32 weights had failed perplexity and was failing the needles.
+# The AVX2 demo under rules/6 (tests/fixtures/runs/amd-avx2-rules6): the reference's engine stopped in the needle
+# probe, its worker starved of CPU on core 0 (vLLM's executor gave up after 300 s, then a real HTTP 500 from
+# EngineCore on every request), after bfloat16 KV on float32 weights had failed perplexity and was failing the
+# needles.
 AVX2_6 = "amd-avx2-rules6"
 
 
