@@ -63,6 +63,8 @@ def request_row(gen: Generation, t_case: float, server: str = "server") -> dict[
         "error": gen.error,
         "http_status": gen.status,
     }
+    if gen.stream_error_code is not None:  # only then: every row is written to the events log
+        row["stream_error_code"] = gen.stream_error_code
     if problems:
         row["unreadable"] = "; ".join(problems)
     row["tpot"] = tpot(row)

@@ -220,16 +220,17 @@ def not_serving(rows: list[dict[str, Any]], where: str) -> str | None:
     """Why a server that still answers /health is not serving a case (healthy is not serving), or None.
 
     Every request failed (a 500 on each, or each cut): its throughput would be 0, a block the speed checks
-    cannot pair. Or it answered some with HTTP 5xx: the server's own fault, which the speed checks would
-    only see as a few percent of lost throughput, so a candidate erring on 2% of its requests could pass a
-    5% bar. A 4xx (the request's fault), a timeout or a cut stream (possibly the client's) counts as lost
+    cannot pair. Or it answered some with a server error, HTTP 5xx or a 5xx error event in a stream that began
+    with 200 (vLLM's way when the engine fails mid-generation): the server's own fault, which the speed checks
+    would only see as a few percent of lost throughput, so a candidate erring on 2% of its requests could pass
+    a 5% bar. A 4xx (the request's fault), a timeout or a cut stream (possibly the client's) counts as lost
     throughput only, as long as something was served. None when nothing was sent."""
     if not rows:
         return None
     if not any(r["status"] == "ok" for r in rows):
         return (f"every one of its {len(rows)} load requests failed in {where} while /health answered "
                 f"(the first: {_why(rows[0])})")
-    faults = [r for r in rows if (r.get("http_status") or 0) >= 500]
+    faults = [r for r in rows if max(r.get("http_status") or 0, r.get("stream_error_code") or 0) >= 500]
     if faults:
         return (f"{len(faults)} of its {len(rows)} load requests in {where} got a server error while /health "
                 f"answered (the first: {_why(faults[0])})")

@@ -59,6 +59,9 @@ class Generation:
     complete: bool = False  # the server said it was done ([DONE] or a full response)
     error: str | None = None
     status: int | None = None
+    # vLLM sends a failure inside a started stream as an error event under HTTP 200, with the status it would have
+    # answered ({"error": {"type": "InternalServerError", "code": 500}}): the status line alone hides a server fault.
+    stream_error_code: int | None = None
     system_fingerprint: str | None = None
 
     @property
@@ -511,7 +514,7 @@ class _SseFeed:
                 return True
             if payload:
                 try:
-                    _apply_event(gen, loads(payload), now, self._reasoning, self._content)
+                    _apply_event(gen, loads(payload), now, self._reasoning, self._content, self.where)
                 except ValueError as exc:  # orjson's decode error is one too
                     # Never raise: with the stream pool this runs inside the protocol's callback.
                     gen.error = f"{self.where}: unreadable stream event {bytes(payload[:80])!r}: {exc}"
@@ -525,15 +528,24 @@ class _SseFeed:
         self.gen.content = "".join(self._content)
 
 
+def _apply_error_event(gen: Generation, err: Any, where: str) -> None:
+    """An error event in a stream that began with HTTP 200 (vLLM: the engine failed mid-generation, then [DONE])."""
+    message = err.get("message") if isinstance(err, dict) else err
+    code = err.get("code") if isinstance(err, dict) else None
+    if isinstance(code, int) and not isinstance(code, bool) and 100 <= code <= 599:
+        gen.stream_error_code = code
+    said = f" (code {gen.stream_error_code})" if gen.stream_error_code is not None else ""
+    gen.error = f"{where}: an error event in the stream{said}: {message}"
+
+
 def _apply_event(gen: Generation, event: Any, now: float, reasoning_parts: list[str],
-                 content_parts: list[str]) -> None:
+                 content_parts: list[str], where: str = "the stream") -> None:
     """One `data:` event into `gen`; ValueError when it is not the shape of one."""
     event = _object(event, "the event")
     choices = event.get("choices")
     if not choices:
         if "error" in event:
-            err = event["error"]
-            gen.error = str(err.get("message") if isinstance(err, dict) else err)
+            _apply_error_event(gen, event["error"], where)
             return
         choices = ()
     if not isinstance(choices, list | tuple):

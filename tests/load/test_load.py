@@ -19,7 +19,7 @@ from kvprobe.evaluate.orchestrate import run_eval
 from kvprobe.load.stats import combine_repeats, request_row, summarize_run
 from kvprobe.load.workload import TextSource, conversation, request_body, shapes_of
 from kvprobe.run.store import RunDir
-from kvprobe.server.client import Client
+from kvprobe.server.client import Client, Generation
 
 R1 = "reasoning-deepseek_r1-8104"
 
@@ -392,6 +392,56 @@ async def test_a_server_erring_on_some_load_requests_while_healthy_is_broken(tmp
     assert "auto" not in outcome.ctx.broken
 
 
+def _stream_failing_midway(body: bytes) -> bytes:
+    """A real stream's first events, then what vLLM 0.32 sends when generation fails after HTTP 200
+    (serving.py: GenerationError -> create_streaming_error_response -> ErrorResponse.model_dump()), then [DONE]."""
+    events = [e for e in body.split(b"\n\n") if e.startswith(b"data: {")]
+    error = {"error": {"message": "Internal server error", "type": "InternalServerError", "param": None, "code": 500}}
+    return b"".join(e + b"\n\n" for e in events[:3]) + b"data: " + json.dumps(error).encode() + b"\n\ndata: [DONE]\n\n"
+
+
+async def test_an_error_event_in_a_stream_is_a_server_error_with_its_code() -> None:
+    body = _stream_failing_midway(capture(R1, "chat_stream"))
+    transport = httpx.MockTransport(lambda r: httpx.Response(200, content=body,
+                                                             headers={"content-type": "text/event-stream"}))
+    async with Client("fp8", "http://127.0.0.1:9", transport=transport) as client:
+        gen = await client.stream_chat({"messages": []})
+    r = request_row(gen, gen.t_start)
+    assert gen.status is None and gen.chunks  # the status line said 200 and tokens had streamed
+    assert r["status"] == "error" and r["stream_error_code"] == 500
+    assert r["error"] == ("fp8: /v1/chat/completions: an error event in the stream (code 500): Internal server "
+                          "error"), r["error"]
+    plain = request_row(Generation(t_start=0.0, t_end=1.0, complete=True), 0.0)
+    assert "stream_error_code" not in plain  # the key is written only when there is one
+
+
+async def test_a_server_failing_midstream_on_some_load_requests_is_broken(tmp_path: Path) -> None:
+    # vLLM answers an engine failure after the stream began with HTTP 200 and a 500 error event: the status line
+    # alone would count it as lost throughput only.
+    auto, fp8 = Replay("auto-8101"), Replay("fp8-8102")
+    failing = _stream_failing_midway(capture("fp8-8102", "chat_stream"))
+    served = fp8.routes[("POST", "/v1/chat/completions")]
+    posts = {"n": 0}
+
+    def every_third_fails(request: httpx.Request) -> httpx.Response:
+        posts["n"] += 1
+        if posts["n"] % 3 == 0:
+            return httpx.Response(200, content=failing, headers={"content-type": "text/event-stream"})
+        return served(request)
+
+    fp8.routes[("POST", "/v1/chat/completions")] = every_third_fails
+    multi = MultiReplay({"127.0.0.1:8101": auto, "127.0.0.1:8102": fp8})
+    run = RunDir.create(tmp_path / "run")
+    outcome = await run_eval(_config({"agents": [3], "repeats": 1}), run, ["load"], Console(file=io.StringIO()),
+                             transport=multi.transport())
+    assert outcome.exit_code == 4
+    why = outcome.ctx.broken["fp8"]
+    assert why.startswith("2 of its 6 load requests in block 1 at 3 agents got a server error while /health "
+                          "answered (the first: fp8: /v1/chat/completions: an error event in the stream "
+                          "(code 500)"), why
+    assert "auto" not in outcome.ctx.broken
+
+
 def test_not_serving_names_a_case_with_no_success_or_any_server_error() -> None:
     from kvprobe.probes.load import not_serving
 
@@ -400,9 +450,13 @@ def test_not_serving_names_a_case_with_no_success_or_any_server_error() -> None:
     refused = {"status": "error", "error": "fp8: connection refused", "http_status": None}
     too_long = {"status": "error", "error": "fp8: HTTP 400: prompt too long", "http_status": 400}
     fault = {"status": "error", "error": "fp8: HTTP 503: overloaded", "http_status": 503}
+    in_stream = {"status": "error", "error": "fp8: an error event in the stream (code 500)", "http_status": None,
+                 "stream_error_code": 500}
+    bad_request = {"status": "error", "error": "fp8: an error event in the stream (code 400)", "http_status": None,
+                   "stream_error_code": 400}
     assert not_serving([], "block 1 at 1 agent") is None  # nothing sent: nothing shown
     # something served, and no failure the server's own: lost throughput, judged by the speed checks
-    assert not_serving([cut, ok, refused, too_long], "block 1 at 1 agent") is None
+    assert not_serving([cut, ok, refused, too_long, bad_request], "block 1 at 1 agent") is None
     assert not_serving([cut, refused], "block 2 at 4 agents") == (
         "every one of its 2 load requests failed in block 2 at 4 agents while /health answered (the first: "
         "a stream cut before its end)")
@@ -410,6 +464,9 @@ def test_not_serving_names_a_case_with_no_success_or_any_server_error() -> None:
     assert not_serving([ok, ok, too_long, fault, ok], "block 3 at 2 agents") == (
         "1 of its 5 load requests in block 3 at 2 agents got a server error while /health answered (the first: "
         "fp8: HTTP 503: overloaded)")
+    assert not_serving([ok, in_stream, ok], "block 4 at 2 agents") == (
+        "1 of its 3 load requests in block 4 at 2 agents got a server error while /health answered (the first: "
+        "fp8: an error event in the stream (code 500))")
 
 
 async def test_budgets_and_open_loop_poisson_arrivals(tmp_path: Path) -> None:
