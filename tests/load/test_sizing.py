@@ -325,8 +325,16 @@ async def test_a_candidate_an_earlier_probe_rejected_gets_no_load_blocks(tmp_pat
     # a resumed run remembers it without judging again
     ctx.judge = None
     assert load_probe._not_rejected(ctx, ["auto", "fp8"]) == ["auto"]
-    await run_eval(config, run, ["load"], Console(file=io.StringIO()), transport=multi.transport())
+    console = Console(file=io.StringIO(), width=200)
+    await run_eval(config, run, ["load"], console, transport=multi.transport())
     verdict = json.loads((run.path / "verdict.json").read_text())
     endpoint = next(c for c in verdict["decisions"]["fp8"]["checks"] if c["id"] == "load.endpoint.throughput_drop")
-    assert endpoint["outcome"] == "not_measured" and "already rejected by perplexity" in endpoint["text"]
-    assert not [e for e in run.events("load_case") if e["server"] == "fp8"]
+    # nothing left to compare: the reference's blocks alone would decide nothing, so none are run (rules/6 then
+    # names the reference's missing cases; load.json keeps why each server was left out)
+    assert endpoint["outcome"] == "not_measured" and "no load cases for auto" in endpoint["text"]
+    stops = json.loads((run.path / "load.json").read_text())["stops"]
+    assert "already rejected by perplexity" in stops["fp8"] and stops["auto"].startswith("nothing to compare")
+    assert not list(run.events("load_case")) and not list(run.events("load_warmup"))
+    assert "auto not measured, nothing to compare: every candidate broke or was already rejected" in (
+        console.file.getvalue())
+    assert json.loads((run.path / "load.json").read_text())["servers"]["auto"]["cases"] == []
