@@ -201,6 +201,26 @@ async def test_a_reference_dying_mid_probe_stops_every_request_and_the_probes_le
         assert any("the reference auto is broken" in r for r in verdict["decisions"][cand]["reasons"])
 
 
+async def test_every_candidate_dying_stops_the_probes_left_for_the_reference_alone(tmp_path) -> None:
+    # The AVX2 demo's one candidate died mid-needles (its kernel wrote past its pool): the reference then spent 10
+    # of the run's 30 minutes on its own tasks and load, which compare nothing.
+    trio = Trio()
+    trio.models["fp8"].fail_after = 2
+    trio.models["int8"].fail_after = 3
+    console = Console(file=io.StringIO(), width=200)
+    run = RunDir.create(tmp_path / "run")
+    outcome = await run_eval(_config(concurrency=1), run, ["needle", "load"], console, transport=trio.transport)
+    assert outcome.exit_code == EXIT_BROKEN
+    assert sorted(e["server"] for e in run.events("broken")) == ["fp8", "int8"]
+    assert run.read_json("needle.json")["servers"]["auto"]["cases"] == 6  # the probe running finishes
+    (stopped,) = run.events("probes_not_run")
+    assert stopped["probes"] == ["load"] and stopped["why"] == "every candidate broke (fp8, int8)"
+    assert "load not run: every candidate broke (fp8, int8), so nothing is left to compare" in console.file.getvalue()
+    assert not list(run.events("load_case")) and not (run.path / "load.json").exists()
+    verdict = outcome.ctx.results["verdict"]
+    assert {verdict["decisions"][c]["decision"] for c in ("fp8", "int8")} == {"broken"}
+
+
 @pytest.mark.parametrize("lengths", [[1024, 9000], [7169]])
 async def test_length_over_max_model_len_refused_before_any_request(tmp_path, lengths) -> None:
     trio = Trio()
