@@ -237,7 +237,7 @@ async def _probe_phase(ctx: EvalContext, inventories: list[Inventory], probes: l
         if ctx.reference in ctx.broken:
             _stop_without_reference(ctx, ordered(runnable)[ordered(runnable).index(name):])
             return
-        if _every_candidate_broke(ctx):
+        if ctx.every_candidate_broke():
             _stop_without_candidates(ctx, ordered(runnable)[ordered(runnable).index(name):])
             return
         if budget is None:
@@ -254,13 +254,6 @@ def _stop_without_reference(ctx: EvalContext, left: list[str]) -> None:
     ctx.run.event("probes_not_run", probes=left, why=f"the reference {ref} broke")
     ctx.console.print(f"[red]{', '.join(left)} not run:[/red] the reference {escape(ref)} broke, so nothing more "
                       "can be compared", highlight=False)
-
-
-def _every_candidate_broke(ctx: EvalContext) -> bool:
-    """No candidate is left to measure and at least one broke during the run (one that never served, or an
-    invalid comparison, is settled before the probes and has its own word)."""
-    return (not any(n != ctx.reference for n in ctx.active())
-            and any(c.name in ctx.broken for c in ctx.config.candidates))
 
 
 def _stop_without_candidates(ctx: EvalContext, left: list[str]) -> None:

@@ -85,8 +85,16 @@ class EvalContext:
 
     def measuring(self, name: str) -> bool:
         """Whether another request to `name` can still count: not once it broke, nor once the reference did
-        (nothing a candidate answers then can be compared)."""
-        return name not in self.broken and self.reference not in self.broken
+        (nothing a candidate answers then can be compared), nor for the reference once every candidate broke."""
+        if name in self.broken or self.reference in self.broken:
+            return False
+        return name != self.reference or not self.every_candidate_broke()
+
+    def every_candidate_broke(self) -> bool:
+        """No candidate is left to measure and at least one broke during the run (one that never served, or an
+        invalid comparison, is settled before the probes and has its own word)."""
+        return (not any(n != self.reference for n in self.active())
+                and any(c.name in self.broken for c in self.config.candidates))
 
     def warn(self, line: str) -> None:
         """A warning printed once per run, however many requests meet it."""

@@ -118,10 +118,12 @@ def _spec(port: int, kv: str, dtype: str | None, no_avx512: bool, **kw: object) 
 @functools.cache
 def _build(isa: str, forced: bool) -> Testbed:
     f32 = "float32" if isa == "avx2" else None  # the reference of the trio: weights in float32 on AVX2
-    # On AVX2 the trio's pool is 2 GiB: the lossy candidate's real buffer (half its claim) then holds the
-    # ~500k new tokens the demo's probes serve, as int8_per_token_head's does at 1 GiB; at 1 GiB it died
-    # during the demo's load probe and in a 40-needle run after earlier tests (measured). Tests and demo share
-    # the size, so neither restarts the other's servers (two restarts of two servers, ~3.5 min, on AVX2).
+    # On AVX2 the trio's pool is 2 GiB: the lossy candidate's real buffer (half its claim, 524,288 tokens) holds
+    # what the test modules serve; at 1 GiB it died during the 40-needle demo's load probe and in a 40-needle run
+    # after earlier tests (measured). The demo's 180 needles outgrow it: its engine segfaults in
+    # reshape_and_cache after ~520k tokens, in the needle probe (2026-12-07), a real fault kvprobe reports as
+    # broken with the failed quality named. Tests and demo share the size, so neither restarts the other's
+    # servers (two restarts of two servers, ~3.5 min, on AVX2).
     trio_gib = 2 if isa == "avx2" else 1
     s: dict[str, Scenario] = {}
     s["reference"] = Scenario("reference", "the gold reference: KV at the model dtype",
