@@ -68,8 +68,20 @@ def demo(out: Path | None, probes: str | None, stop: bool, key: Path | None, hyb
     try:
         _evaluate(write_servers_toml(started), out, probes, key=key, left_out=left_out)
     finally:
+        _say_which_died(started)
         if stop:
             stop_all()
+
+
+def _say_which_died(started: list) -> None:
+    """The verdict can only quote the HTTP error ("See stack trace (above)"); the demo started the servers, so
+    it can say what their own logs say."""
+    from kvprobe.testbed.launcher import died_of
+
+    for sc, server in started:
+        if not server.alive():
+            err_console.print(f"  {sc.name}: its vLLM server ({server.spec.knobs}) stopped during the run: "
+                              f"{died_of(server.log)}; log: {server.log}", highlight=False, soft_wrap=True)
 
 
 def _demo_hybrid(out: Path | None, probes: str | None, key: Path | None) -> None:

@@ -560,6 +560,45 @@ def engine_error(lines: list[str]) -> str:
     return lines[-1].strip() if lines else "no output"
 
 
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>.+)')
+
+
+def _function(frame: str) -> str:
+    """`ns::Impl<(ISA)1, float>::f(float const*, ...)` as `ns::Impl<>::f`: C++ template and argument lists
+    run to hundreds of characters."""
+    out, depth = [], 0
+    for ch in frame:
+        if depth == 0 and ch == "(":
+            break
+        if ch == "<":
+            depth += 1
+        if depth == 0 or (ch == "<" and depth == 1):
+            out.append(ch)
+        if ch == ">":
+            depth -= 1
+            if depth == 0:
+                out.append(ch)
+    return "".join(out).strip()
+
+
+def died_of(log: Path) -> str:
+    """Why a server that stopped mid-run stopped, from its log: the first frame past libc of a segfault (the
+    CPU kernels' faults), else the engine's first error line."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()[-4000:]
+    except OSError as exc:
+        return f"its log cannot be read ({exc.strerror})"
+    fault = next((i for i, line in enumerate(lines) if "Segfault encountered" in line), None)
+    if fault is not None:
+        for line in lines[fault + 1:fault + 12]:
+            m = _FRAME.search(line)
+            if m and "sysdeps" not in m["file"] and m["file"] != "<unknown>":
+                return f"a segfault in {_function(m['fn'])} ({Path(m['file']).name}:{m['line']})"
+        return "a segfault"
+    errors = [line for line in lines if " ERROR " in line or _ERROR_LINE.match(_LOG_PREFIX.sub("", line.strip()))]
+    return engine_error(errors) if errors else "no reason in its log"
+
+
 def stop_group(pid: int) -> None:
     """SIGTERM a server's process group, SIGKILL what is left after 60 s, and reap it."""
     if _pid_alive(pid):

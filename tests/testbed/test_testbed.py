@@ -10,7 +10,7 @@ from replay import dev_server_info, on_avx2
 
 from kvprobe.testbed import launcher, testbed
 from kvprobe.testbed.cpu import cpu_flags
-from kvprobe.testbed.launcher import ServerSpec, engine_error, overruns
+from kvprobe.testbed.launcher import ServerSpec, died_of, engine_error, overruns
 from kvprobe.testbed.scenarios import FACTS, FORCE_NO_AVX512, _build, detect_isa
 
 LOG = Path(__file__).parents[1] / "fixtures" / "vllm-cpu-no-avx512" / "fp8-startup.log"
@@ -106,6 +106,40 @@ def test_engine_error_is_the_root_cause_of_a_real_refusal() -> None:
     assert engine_error(lines) == "NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX."
     assert engine_error(["just a line"]) == "just a line"
     assert engine_error([]) == "no output"
+
+
+def test_a_server_that_died_mid_run_is_explained_by_its_own_log(tmp_path: Path) -> None:
+    fixtures = Path(__file__).parents[1] / "fixtures" / "vllm-cpu"
+    segfault = fixtures / "segfault-reshape-and-cache" / "server-log-excerpt.txt"
+    assert died_of(segfault) == "a segfault in cpu_attention::AttentionImpl<>::reshape_and_cache (cpu_attn_vec.hpp:305)"
+    # the engine died of an exception: its first error line, the root cause
+    crash = fixtures / "crash-seed-chunked-prefill" / "server-log-excerpt.txt"
+    assert died_of(crash) == "RuntimeError: CPU Generator does not use offset"
+    quiet = tmp_path / "quiet.log"
+    quiet.write_text("INFO: started\n")
+    assert died_of(quiet) == "no reason in its log"
+    assert died_of(tmp_path / "gone.log") == "its log cannot be read (No such file or directory)"
+
+
+def test_the_demo_says_which_of_its_servers_died_and_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from kvprobe.cli import demo
+
+    log = Path(__file__).parents[1] / "fixtures" / "vllm-cpu" / "segfault-reshape-and-cache" / "server-log-excerpt.txt"
+    said = Console(file=io.StringIO(), width=300)
+    monkeypatch.setattr(demo, "err_console", said)
+    spec = ServerSpec(port=8103, model="m", kv_cache_dtype="bfloat16", dtype="float32")
+    dead = SimpleNamespace(alive=lambda: False, log=log, spec=spec)
+    alive = SimpleNamespace(alive=lambda: True, log=log, spec=ServerSpec(port=8101, model="m", kv_cache_dtype="auto"))
+    demo._say_which_died([(SimpleNamespace(name="lossy_2x"), dead), (SimpleNamespace(name="reference"), alive)])
+    text = said.file.getvalue()
+    assert text.startswith("  lossy_2x: its vLLM server (kv-cache-dtype=bfloat16) stopped during the run: a "
+                           "segfault in cpu_attention::AttentionImpl<>::reshape_and_cache (cpu_attn_vec.hpp:305); log: "), text
+    assert "reference" not in text
 
 
 def test_facts_table_is_consistent() -> None:
