@@ -138,7 +138,8 @@ def test_the_demo_says_which_of_its_servers_died_and_why(monkeypatch: pytest.Mon
     demo._say_which_died([(SimpleNamespace(name="lossy_2x"), dead), (SimpleNamespace(name="reference"), alive)])
     text = said.file.getvalue()
     assert text.startswith("  lossy_2x: its vLLM server (kv-cache-dtype=bfloat16) stopped during the run: a "
-                           "segfault in cpu_attention::AttentionImpl<>::reshape_and_cache (cpu_attn_vec.hpp:305); log: "), text
+                           "segfault in cpu_attention::AttentionImpl<>::reshape_and_cache (cpu_attn_vec.hpp:305); "
+                           "log: "), text
     assert "reference" not in text
 
 
