@@ -85,10 +85,9 @@ class EvalContext:
 
     def measuring(self, name: str) -> bool:
         """Whether another request to `name` can still count: not once it broke, nor once the reference did
-        (nothing a candidate answers then can be compared), nor for the reference once every candidate broke."""
-        if name in self.broken or self.reference in self.broken:
-            return False
-        return name != self.reference or not self.every_candidate_broke()
+        (nothing a candidate answers then can be compared). The reference finishes the probe it is in once every
+        candidate broke (its figures stand in the report and for `compare`); the probes after it are not run."""
+        return name not in self.broken and self.reference not in self.broken
 
     def every_candidate_broke(self) -> bool:
         """No candidate is left to measure and at least one broke during the run (one that never served, or an
