@@ -360,23 +360,27 @@ async def test_a_server_failing_every_load_request_while_healthy_is_broken(tmp_p
     assert any(why in reason for reason in decision["reasons"])
 
 
-async def test_a_server_erring_on_some_load_requests_while_healthy_is_broken(tmp_path: Path) -> None:
-    # The real EngineCore 500 on every third chat request: counted only as lost throughput, a third of a block is
-    # a clear speed loss, but an error on 2% of requests would pass a 5% bar. A server error is the server's
-    # fault whatever the throughput: the candidate is broken, the count and the first error named.
+def _fp8_failing_every_third(failure) -> MultiReplay:
+    """The replayed pair, fp8 answering every third chat request with `failure()` and the rest as captured."""
     auto, fp8 = Replay("auto-8101"), Replay("fp8-8102")
-    crash = capture("crash-seed-chunked-prefill", "response")
     served = fp8.routes[("POST", "/v1/chat/completions")]
     posts = {"n": 0}
 
     def every_third_fails(request: httpx.Request) -> httpx.Response:
         posts["n"] += 1
-        if posts["n"] % 3 == 0:
-            return httpx.Response(500, content=crash, headers={"content-type": "application/json"})
-        return served(request)
+        return failure() if posts["n"] % 3 == 0 else served(request)
 
     fp8.routes[("POST", "/v1/chat/completions")] = every_third_fails
-    multi = MultiReplay({"127.0.0.1:8101": auto, "127.0.0.1:8102": fp8})
+    return MultiReplay({"127.0.0.1:8101": auto, "127.0.0.1:8102": fp8})
+
+
+async def test_a_server_erring_on_some_load_requests_while_healthy_is_broken(tmp_path: Path) -> None:
+    # The real EngineCore 500 on every third chat request: counted only as lost throughput, a third of a block is
+    # a clear speed loss, but an error on 2% of requests would pass a 5% bar. A server error is the server's
+    # fault whatever the throughput: the candidate is broken, the count and the first error named.
+    crash = capture("crash-seed-chunked-prefill", "response")
+    multi = _fp8_failing_every_third(lambda: httpx.Response(500, content=crash,
+                                                            headers={"content-type": "application/json"}))
     run = RunDir.create(tmp_path / "run")
     outcome = await run_eval(_config({"agents": [3], "repeats": 1}), run, ["load"], Console(file=io.StringIO()),
                              transport=multi.transport())
@@ -418,19 +422,9 @@ async def test_an_error_event_in_a_stream_is_a_server_error_with_its_code() -> N
 async def test_a_server_failing_midstream_on_some_load_requests_is_broken(tmp_path: Path) -> None:
     # vLLM answers an engine failure after the stream began with HTTP 200 and a 500 error event: the status line
     # alone would count it as lost throughput only.
-    auto, fp8 = Replay("auto-8101"), Replay("fp8-8102")
     failing = _stream_failing_midway(capture("fp8-8102", "chat_stream"))
-    served = fp8.routes[("POST", "/v1/chat/completions")]
-    posts = {"n": 0}
-
-    def every_third_fails(request: httpx.Request) -> httpx.Response:
-        posts["n"] += 1
-        if posts["n"] % 3 == 0:
-            return httpx.Response(200, content=failing, headers={"content-type": "text/event-stream"})
-        return served(request)
-
-    fp8.routes[("POST", "/v1/chat/completions")] = every_third_fails
-    multi = MultiReplay({"127.0.0.1:8101": auto, "127.0.0.1:8102": fp8})
+    multi = _fp8_failing_every_third(lambda: httpx.Response(200, content=failing,
+                                                            headers={"content-type": "text/event-stream"}))
     run = RunDir.create(tmp_path / "run")
     outcome = await run_eval(_config({"agents": [3], "repeats": 1}), run, ["load"], Console(file=io.StringIO()),
                              transport=multi.transport())
