@@ -177,8 +177,10 @@ def paired_binary_interval(n: int, lost: int, gained: int, level: float = 0.95) 
     return _tango_interval(n, lost, gained, level)
 
 
+@functools.lru_cache(maxsize=8192)
 def _tango_interval(n: int, lost: float, gained: float, level: float) -> Interval:
-    """Tango's score interval for (lost - gained) / n; counts may be fractional (bounded_paired_interval)."""
+    """Tango's score interval for (lost - gained) / n; counts may be fractional (bounded_paired_interval).
+    Cached (an Interval is frozen): the power figures and the simulations ask for the same counts many times."""
     z = t_quantile(0.5 + level / 2, None)
 
     def root(target: float) -> float:

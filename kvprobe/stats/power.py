@@ -24,6 +24,7 @@ standard error se and its degrees of freedom, at power 0.8:
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -66,6 +67,11 @@ def binary_figures(n: int, bar: float | None, *, exact_fail: bool = True) -> dic
     agrees: kvprobe.stats.paired_exact; rules/4 failed on Tango's lower end alone). A normal approximation
     with the interval's own width would say even 40 matching needles cannot pass a 0.10 bar at power 0.8;
     they pass every time."""
+    return dict(_binary_figures(n, bar, exact_fail))  # a copy: callers add to it
+
+
+@functools.lru_cache(maxsize=1024)
+def _binary_figures(n: int, bar: float | None, exact_fail: bool) -> dict[str, Any]:
     from scipy import stats as st
     from scipy.optimize import brentq
 
