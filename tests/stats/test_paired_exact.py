@@ -160,3 +160,16 @@ def test_the_exact_size_is_never_under_the_z_tests_which_screens_out_sizes_past_
     z = pe.t_quantile(1.0 - pe.ALPHA, None) + pe.t_quantile(power, None)
     exact = pe.equal_size(bar, disagreement, power)
     assert exact is not None and exact >= z * z * disagreement / bar**2
+
+
+@pytest.mark.parametrize(("bar", "disagreement", "power_"), [(0.2, 0.05, 0.9), (0.2, 0.1, 0.8), (0.1, 0.0, 0.8)])
+def test_the_exact_size_is_the_first_size_the_exact_region_reaches(bar: float, disagreement: float,
+                                                                   power_: float) -> None:
+    """equal_size skips sizes where Tango's region passes too rarely: it finds the size a plain search over
+    every size finds, and Tango's pass probability is never under the exact one."""
+    n = 1
+    while pe.equal_pass_probability(n, bar, disagreement) < power_:
+        assert pe._tango_equal_pass_probability(n, bar, disagreement) >= pe.equal_pass_probability(
+            n, bar, disagreement) - 1e-12
+        n += 1
+    assert pe.equal_size(bar, disagreement, power_) == n
