@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import numpy as np
 from scipy.special import gammaln, xlogy
@@ -188,11 +189,16 @@ def pass_probability(n: int, bar: float, p_lost: float, p_gained: float) -> floa
     """P(the check passes) for n scored pairs, exactly (to 1e-15): over the gained count G ~ Binomial(n,
     p_gained), P(L <= the most lost that pass | G), where L | G ~ Binomial(n - G, p_lost / (1 - p_gained)).
     The same sum as over every cell of the trinomial, in time linear in n."""
+    return _region_probability(n, lambda gained: most_lost_passing(n, gained, bar), p_lost, p_gained)
+
+
+def _region_probability(n: int, most_lost: Callable[[np.ndarray], np.ndarray], p_lost: float, p_gained: float) -> float:
+    """P(lost <= most_lost(gained)) for n pairs: pass_probability's sum, over any region of that shape."""
     from scipy import stats as st
 
     g0, g1 = _reach(n, p_gained)
     gained = np.arange(g0, g1 + 1)
-    k = most_lost_passing(n, gained, bar)
+    k = most_lost(gained)
     rest = max(0.0, 1.0 - p_gained)
     p_cond = min(1.0, p_lost / rest) if rest > 0 else 0.0
     terms = st.binom.pmf(gained, n, p_gained) * np.where(k >= 0, st.binom.cdf(k, n - gained, p_cond), 0.0)
@@ -288,15 +294,8 @@ def equal_pass_probability(n: int, bar: float, disagreement: float) -> float:
 
 def _tango_equal_pass_probability(n: int, bar: float, disagreement: float) -> float:
     """equal_pass_probability over Tango's pass region alone: at least the exact check's (its region holds it)."""
-    from scipy import stats as st
-
     p = disagreement / 2.0
-    g0, g1 = _reach(n, p)
-    gained = np.arange(g0, g1 + 1)
-    k = tango_most_lost(n, gained, bar)
-    p_cond = min(1.0, p / (1.0 - p)) if p < 1.0 else 0.0
-    terms = st.binom.pmf(gained, n, p) * np.where(k >= 0, st.binom.cdf(k, n - gained, p_cond), 0.0)
-    return float(terms.sum())
+    return _region_probability(n, lambda gained: tango_most_lost(n, gained, bar), p, p)
 
 
 @functools.lru_cache(maxsize=512)
