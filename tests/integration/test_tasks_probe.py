@@ -152,7 +152,9 @@ async def test_answers_the_cap_cuts_on_both_sides_are_left_out_and_counted(vllm_
 async def test_a_candidate_dying_mid_task_is_broken_and_the_reference_s_scores_stay(
         vllm_servers, tmp_path: Path) -> None:
     """After its 10th answer the candidate answers as a dead vLLM engine does (a real capture): lm-eval
-    retries, then gives up; the candidate is broken, the reference's 180 scores are on disk."""
+    retries, then gives up; the candidate is broken, the reference's scores are on disk. 40 documents (the
+    zero-loss size at the 0.10 bar is 36): the death comes at the 11th either way, and the reference's other 140
+    answers took ~14 s on the AVX2 EPYC."""
     crash = capture("crash-seed-chunked-prefill", "response")
     seen = {"chat": 0}
 
@@ -165,11 +167,11 @@ async def test_a_candidate_dying_mid_task_is_broken_and_the_reference_s_scores_s
     ref = trio(vllm_servers)[0]
     with FaultProxy(vllm_servers["any_2x"].url, choose=choose) as url:
         dying = {"name": "dying", "url": url, "role": "candidate"}
-        run, code = await evaluate(config_file(tmp_path, [ref, dying]), tmp_path / "run")
+        run, code = await evaluate(config_file(tmp_path, [ref, dying], "limit = 40"), tmp_path / "run")
     assert code == 4
     verdict = run.read_json("verdict.json")
     assert verdict["decisions"]["dying"]["decision"] == "broken"
     assert "tasks kvprobe_qa" in verdict["broken"]["dying"]
     rows = [e for e in run.events("tasks_sample") if e["server"] == ref["name"]]
-    assert len(rows) == 180  # what the reference answered is kept
+    assert len(rows) == 40  # what the reference answered is kept
     assert not [e for e in run.events("tasks_sample") if e["server"] == "dying"]
