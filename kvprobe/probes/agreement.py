@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
 from kvprobe.errors import ConfigError, ServerError
 from kvprobe.probes.perplexity import broken_or_raise, ordered_active, targets_for, tokenized_passages
@@ -29,6 +29,7 @@ from kvprobe.quality.divergence import Comparison, TopK, compare, parse_prompt_l
 from kvprobe.quality.own_data import task_source
 from kvprobe.quality.passages import split_ids
 from kvprobe.run.budget import BudgetCost
+from kvprobe.run.progress import LoggedProgress
 
 if TYPE_CHECKING:
     from kvprobe.config import Config
@@ -111,12 +112,12 @@ class _Comparing:
     done: dict[tuple[str, int], Comparison]
     pending: set[tuple[str, int]]
     ref_positions: dict[int, list[TopK | None]] = field(default_factory=dict)
-    progress: Progress = field(init=False)
+    progress: LoggedProgress = field(init=False)
 
     def __post_init__(self) -> None:
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        self.progress = LoggedProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("passages"), TimeElapsedColumn(), console=self.ctx.console,
-                                 transient=False)
+                                       transient=False, unit="passages")
 
     async def fetch(self, name: str, doc: int) -> list[TopK | None]:
         return await fetch_positions(self.ctx.clients[name], self.prefix, self.ids[doc], self.max_model_len,

@@ -22,17 +22,18 @@ import time
 from typing import Any
 
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
 from kvprobe.errors import ServerError, Unreadable
 from kvprobe.run.context import EvalContext
+from kvprobe.run.progress import LoggedProgress
 from kvprobe.server.tokens import filler_ids
 from kvprobe.server.untrusted import optional_count
 
 EVENT = "fill_done"
 
 
-async def _fill_server(ctx: EvalContext, name: str, bar: Progress, task: Any) -> dict[str, Any]:
+async def _fill_server(ctx: EvalContext, name: str, bar: LoggedProgress, task: Any) -> dict[str, Any]:
     settings = ctx.config.fill
     inv = ctx.inventories[name]
     claimed = inv.capacity.kv_cache_tokens if inv.capacity else None
@@ -96,8 +97,8 @@ async def _fill_server(ctx: EvalContext, name: str, bar: Progress, task: Any) ->
 async def run(ctx: EvalContext) -> dict[str, Any]:
     done = {e["server"]: e["result"] for e in ctx.run.events(EVENT)}
     names = [n for n in ctx.active() if n not in done]
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,.0f} tokens"),
-                  TimeElapsedColumn(), console=ctx.console) as bar:
+    with LoggedProgress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,.0f} tokens"),
+                        TimeElapsedColumn(), console=ctx.console, unit="tokens") as bar:
         tasks = {n: bar.add_task(f"fill: {n}", total=None) for n in names}
         rows = await asyncio.gather(*(_fill_server(ctx, n, bar, tasks[n]) for n in names))
     for name, row in zip(names, rows, strict=True):

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from kvprobe.config import Config, LoadSettings
 from kvprobe.disk import json_digest, mkdir
@@ -44,6 +44,7 @@ from kvprobe.load.workload import (
 )
 from kvprobe.run.budget import RESERVE_S, BudgetCost, LoadPace, Speed
 from kvprobe.run.context import EvalContext
+from kvprobe.run.progress import LoggedProgress
 from kvprobe.server.fit import tightest, written
 from kvprobe.stats.client_limit import limited
 from kvprobe.stats.sequential import of_settings, williams
@@ -198,7 +199,7 @@ async def _reset_prefix_cache(ctx: EvalContext, name: str, notes: dict[str, str]
 
 
 async def _warm_up(ctx: EvalContext, name: str, shape: Shape, digest: str, run_nonce: str, source: TextSource,
-                   progress: Progress, task: Any, workers: Workers | None) -> None:
+                   progress: LoggedProgress, task: Any, workers: Workers | None) -> None:
     """One unrecorded case at the shape's largest agent count (prompts of their own nonce, so the
     measured ones stay uncached): a cold server's first batches are several times slower."""
     agents = max(shape.agents)
@@ -297,7 +298,7 @@ def _on_cpus(ctx: EvalContext) -> bool:
 
 
 async def _run_unit(ctx: EvalContext, name: str, shape: Shape, agents: int, repeat: int, digest: str,
-                    run_nonce: str, source: TextSource, notes: dict[str, str], progress: Progress,
+                    run_nonce: str, source: TextSource, notes: dict[str, str], progress: LoggedProgress,
                     task: Any, spent: Spent, workers: Workers | None = None) -> None:
     settings = ctx.config.load
     t0 = time.perf_counter()
@@ -552,7 +553,7 @@ def _stop_reason(block: int, n_max: int, spare: int, deadline: float | None, blo
 
 
 def _say_looks(standing: dict[str, list[dict[str, Any]]], candidates: list[str], said: set[tuple[str, str, int]],
-               progress: Progress) -> None:
+               progress: LoggedProgress) -> None:
     """Where each of `candidates` (those open before the last block) stands at a planned look it reached, once,
     the look that settled it included. A look is reached at that many usable blocks, not blocks run: with
     client-limited blocks dropped, the standing said at the block count (rules/6's `7 blocks is not a planned
@@ -607,7 +608,7 @@ class _Blocks:
         block = 0
         said: set[tuple[str, str, int]] = set()
         was_open: list[str] = []
-        with Progress(*columns, console=ctx.console, refresh_per_second=4) as progress:
+        with LoggedProgress(*columns, console=ctx.console, refresh_per_second=4, unit="cases") as progress:
             tasks = {name: progress.add_task(name, total=(upto or design.n_max) * len(cases)) for name in servers}
             while ref in ctx.active() and (upto is None or block < upto):
                 standing = _standing(ctx, digest, servers)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
 from kvprobe.errors import ConfigError, ServerError, Unreadable
 from kvprobe.needle.cases import check_templates, filler_words, make_cases
@@ -22,6 +22,7 @@ from kvprobe.needle.summary import paired, server_summary
 from kvprobe.needle.tokens import Encoder, ServerEncoder, load_tiktoken
 from kvprobe.run.budget import BudgetCost
 from kvprobe.run.context import EvalContext
+from kvprobe.run.progress import LoggedProgress
 from kvprobe.server.client import Generation
 from kvprobe.server.fit import tightest, written
 from kvprobe.server.untrusted import optional_count
@@ -40,9 +41,9 @@ CASE_FIELDS = ("id", "length_tokens", "depth_tokens", "server", "status", "found
                "completion_tokens", "error")
 
 
-def _progress(ctx: EvalContext) -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=ctx.console, transient=False)
+def _progress(ctx: EvalContext) -> LoggedProgress:
+    return LoggedProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          console=ctx.console, transient=False, unit="needles")
 
 
 def _encoders(ctx: EvalContext, names: list[str]) -> list[Encoder]:
@@ -114,7 +115,7 @@ def _record(ctx: EvalContext, server: str, plan_id: str, case: dict[str, Any], g
 
 
 async def _ask_server(ctx: EvalContext, name: str, plan_id: str, cases: list[dict[str, Any]],
-                      bar: Progress, task: Any) -> None:
+                      bar: LoggedProgress, task: Any) -> None:
     settings = ctx.config.needle
     client = ctx.clients[name]
     gate = asyncio.Semaphore(settings.concurrency)

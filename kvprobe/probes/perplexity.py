@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
 from kvprobe.disk import is_disk_error, json_digest
 from kvprobe.errors import ServerError, one_line
@@ -30,6 +30,7 @@ from kvprobe.quality.own_data import task_source
 from kvprobe.quality.passages import PassagePlan, plan_passage
 from kvprobe.quality.perplexity_stats import UNIT_FIELD, DocRow, perplexities
 from kvprobe.run.budget import BudgetCost
+from kvprobe.run.progress import LoggedProgress
 
 if TYPE_CHECKING:
     from kvprobe.config import Config
@@ -180,12 +181,12 @@ class _Scoring:
     repeats: dict[str, int]
     rows: dict[tuple[str, int], list[DocRow]]
     run_records: dict[tuple[str, int], dict[str, Any]]
-    progress: Progress = field(init=False)
+    progress: LoggedProgress = field(init=False)
 
     def __post_init__(self) -> None:
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        self.progress = LoggedProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("windows"), TimeElapsedColumn(), console=self.ctx.console,
-                                 transient=False)
+                                       transient=False, unit="windows")
 
     @property
     def total_windows(self) -> int:

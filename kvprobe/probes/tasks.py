@@ -17,7 +17,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
 from kvprobe.corpus import TASKS_DIR
 from kvprobe.disk import json_digest
@@ -27,6 +27,7 @@ from kvprobe.quality import lmeval
 from kvprobe.quality.task_eval import SampleRow, TaskInfo, evaluate_task, load_task
 from kvprobe.quality.task_stats import accuracy
 from kvprobe.run.context import EvalContext
+from kvprobe.run.progress import LoggedProgress
 from kvprobe.server.fit import CapMisfit, cap_misfit, written
 
 
@@ -124,8 +125,9 @@ async def run(ctx: EvalContext) -> dict[str, Any]:
             if name in names:
                 rows[(name, info.name)] = got
 
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("answers"),
-                        TimeElapsedColumn(), console=ctx.console, transient=False)
+    progress = LoggedProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                              TextColumn("answers"), TimeElapsedColumn(), console=ctx.console, transient=False,
+                              unit="answers")
 
     async def server_job(name: str) -> None:
         for info in infos:
