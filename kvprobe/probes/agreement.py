@@ -116,7 +116,7 @@ class _Comparing:
 
     def __post_init__(self) -> None:
         self.progress = LoggedProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("passages"), TimeElapsedColumn(), console=self.ctx.console,
+                                       TextColumn("passages"), TimeElapsedColumn(), console=self.ctx.console,
                                        transient=False, unit="passages")
 
     async def fetch(self, name: str, doc: int) -> list[TopK | None]:

@@ -185,7 +185,7 @@ class _Scoring:
 
     def __post_init__(self) -> None:
         self.progress = LoggedProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("windows"), TimeElapsedColumn(), console=self.ctx.console,
+                                       TextColumn("windows"), TimeElapsedColumn(), console=self.ctx.console,
                                        transient=False, unit="windows")
 
     @property

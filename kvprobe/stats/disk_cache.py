@@ -71,14 +71,13 @@ def fingerprint(modules: tuple[str, ...]) -> str:
     return digest.hexdigest()[:16]
 
 
-def kept_on_disk(encode: Callable[[T], Any], decode: Callable[[Any], T], *depends_on: str
+def kept_on_disk(encode: Callable[[T], Any], decode: Callable[[Any], T]
                  ) -> Callable[[Callable[..., T]], Callable[..., T]]:
-    """Keep `fn`'s values on disk. `depends_on`: the modules besides fn's own whose code computes them
-    (kvprobe.stats, the shared helpers, always counts)."""
+    """Keep `fn`'s values on disk, under the code of fn's own module and of kvprobe.stats (the shared helpers)."""
 
     def wrap(fn: Callable[..., T]) -> Callable[..., T]:
         name = f"{fn.__module__}.{fn.__qualname__}"
-        modules = (fn.__module__, "kvprobe.stats", *depends_on)
+        modules = (fn.__module__, "kvprobe.stats")
 
         @functools.wraps(fn)
         def keep(*args: Any, **kwargs: Any) -> T:
